@@ -1,0 +1,33 @@
+"""swift: one CLI for the LLM post-training loop."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "sft_main": "swift.pipelines.train",
+    "pt_main": "swift.pipelines.train",
+    "merge_lora_main": "swift.pipelines.merge_lora",
+    "SftArguments": "swift.arguments",
+    "PtArguments": "swift.arguments",
+    "TrainArguments": "swift.arguments",
+    "MergeLoraArguments": "swift.pipelines.merge_lora",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from swift.arguments import PtArguments, SftArguments, TrainArguments  # noqa: F401
+    from swift.pipelines.merge_lora import MergeLoraArguments, merge_lora_main  # noqa: F401
+    from swift.pipelines.train import pt_main, sft_main  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    # Imports are lazy so `swift --help` answers without loading torch.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'swift' has no attribute '{name}'")
+
+
+__all__ = list(_LAZY)

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from swift.utils.registry import SwiftError
+
+
+@dataclass
+class DataArguments:
+    dataset: list[str] = field(default_factory=list, metadata={
+        "help": "Training data: 'path_or_id[:subset][#N]', several allowed (mixed). Files: jsonl/json/csv/parquet/txt; "
+                "built-ins: builtin:arith-sft, builtin:arith-pt."})
+    val_dataset: list[str] = field(default_factory=list, metadata={"help": "Validation data, same spec as --dataset."})
+    split_dataset_ratio: float = field(default=0.0, metadata={"help": "Fraction of --dataset held out for validation when --val_dataset is not given."})
+    columns: str | None = field(default=None, metadata={"help": "JSON mapping of column renames applied before format detection, e.g. '{\"q\": \"query\"}'."})
+    strict: bool = field(default=False, metadata={"help": "true: a bad row stops the run naming file and row; false: bad rows are dropped and counted."})
+    streaming: bool = field(default=False, metadata={"help": "Read and encode data lazily as training consumes it (needs --max_steps)."})
+    packing: bool = field(default=False, metadata={"help": "Bin-pack samples into rows of --max_length; tokens never attend across samples."})
+    dataset_shuffle: bool = field(default=True, metadata={"help": "Shuffle the mixed dataset once after loading."})
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.split_dataset_ratio < 1.0:
+            raise SwiftError(f"--split_dataset_ratio must be in [0, 1), got {self.split_dataset_ratio}")
+        if isinstance(self.dataset, str):
+            self.dataset = [self.dataset]
+        if isinstance(self.val_dataset, str):
+            self.val_dataset = [self.val_dataset]
+        if self.streaming and self.packing:
+            raise SwiftError("--packing needs the whole dataset up front; it cannot be combined with --streaming")
+        self.column_map  # validate early
+
+    @property
+    def column_map(self) -> dict[str, str]:
+        if not self.columns:
+            return {}
+        if isinstance(self.columns, dict):
+            return self.columns
+        try:
+            mapping = json.loads(self.columns)
+        except json.JSONDecodeError as e:
+            raise SwiftError(f"--columns must be a JSON object like '{{\"old\": \"new\"}}': {e}") from None
+        if not isinstance(mapping, dict):
+            raise SwiftError("--columns must be a JSON object like '{\"old\": \"new\"}'")
+        return mapping

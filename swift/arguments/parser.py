@@ -1,0 +1,95 @@
+"""argv / config file → a command's ComposedArguments.
+
+Built on HfArgumentParser so every dataclass field becomes `--field` with its help text and
+default. A leading `.yaml`/`.json` path or `--config FILE` supplies defaults; explicit flags win.
+Errors are one line naming the flag (and the closest valid one) and exit with status 2.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+from transformers import HfArgumentParser
+
+from swift.arguments.base import ComposedArguments
+from swift.utils.registry import SwiftError, closest
+
+
+class ArgumentError(SwiftError):
+    """A bad command line; the CLI exits 2."""
+
+
+class _Parser(HfArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentError(message)
+
+
+def load_config(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ArgumentError(f"config file {path} does not exist")
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ArgumentError(f"config file {path} is not valid {p.suffix[1:].upper()}: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ArgumentError(f"config file {path} must hold a mapping of flag: value")
+    return data
+
+
+def split_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Find the config file: a leading .yaml/.json path, or `--config FILE` anywhere."""
+    argv = list(argv)
+    if argv and argv[0].endswith((".yaml", ".yml", ".json")) and not argv[0].startswith("-"):
+        return argv[0], argv[1:]
+    for i, a in enumerate(argv):
+        if a == "--config" and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2:]
+        if a.startswith("--config="):
+            return a.split("=", 1)[1], argv[:i] + argv[i + 1:]
+    return None, argv
+
+
+def build_parser(cls: type[ComposedArguments], prog: str) -> _Parser:
+    parser = _Parser(list(cls.parts.values()), prog=prog, allow_abbrev=False,
+                     description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
+    parser.add_argument("--config", default=None, help="YAML or JSON file of flag: value defaults (explicit flags win).")
+    defaults = {k: v for k, v in cls.defaults.items()}
+    if defaults:
+        parser.set_defaults(**defaults)
+    return parser
+
+
+def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog: str = "swift") -> ComposedArguments:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(cls, prog)
+    config_path, argv = split_config(argv)
+    valid = cls.field_owners()
+    if config_path:
+        config = load_config(config_path)
+        unknown = [k for k in config if k not in valid]
+        if unknown:
+            raise ArgumentError(f"{config_path}: unknown key '{unknown[0]}'.{closest(unknown[0], valid)}")
+        parser.set_defaults(**config)
+    namespace, rest = parser.parse_known_args(argv)
+    if rest:
+        flag = next((r for r in rest if r.startswith("-")), rest[0])
+        name = flag.lstrip("-").split("=")[0]
+        hint = closest(name, valid)
+        hint = hint.replace("'", "'--", 1) if hint else ""
+        what = "flag" if flag.startswith("-") else "argument"
+        raise ArgumentError(f"unknown {what} '{flag}'.{hint}")
+    values = {k: v for k, v in vars(namespace).items() if k in valid}
+    args = cls(**values)
+    object.__setattr__(args, "config_file", config_path)
+    return args
+
+
+def print_help(cls: type[ComposedArguments], prog: str) -> None:
+    build_parser(cls, prog).print_help()
+
+

@@ -1,0 +1,225 @@
+"""Dataset specs → standard rows, with bad-row accounting.
+
+A spec is `path_or_id[:subset][#N]`: a local file (jsonl, json, csv, parquet, txt), a hub dataset
+id (ModelScope by default, HF with --use_hf), or `builtin:<name>[:train|eval]`. `#N` takes N rows:
+a random sample when N is smaller than the dataset, whole repeats plus a sample when larger.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from swift.dataset.arith import BUILTIN_DATASETS, SPLITS
+from swift.dataset.preprocess import standardize
+from swift.model.hub import snapshot_download
+from swift.template.base import RowError
+from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
+FILE_TYPES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+
+
+@dataclass
+class DatasetSpec:
+    source: str
+    subset: str | None = None
+    n: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> "DatasetSpec":
+        source, n = spec, None
+        if "#" in spec:
+            source, _, count = spec.rpartition("#")
+            if not count.isdigit() or int(count) == 0:
+                raise SwiftError(f"dataset spec '{spec}': the part after '#' must be a positive row count")
+            n = int(count)
+        prefix = "builtin:" if source.startswith("builtin:") else ""
+        rest = source[len(prefix):]
+        subset = None
+        if not os.path.exists(rest) and ":" in rest:
+            rest, _, subset = rest.rpartition(":")
+        return cls(prefix + rest, subset or None, n)
+
+
+@dataclass
+class RowSet:
+    """Rows plus where each came from (`file row N`), and why rows were dropped."""
+
+    rows: list[dict] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)
+    first_bad: dict[str, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, row: dict, origin: str) -> None:
+        self.rows.append(row)
+        self.origins.append(origin)
+
+    def extend(self, other: "RowSet") -> None:
+        self.rows += other.rows
+        self.origins += other.origins
+        self.dropped.update(other.dropped)
+        for k, v in other.first_bad.items():
+            self.first_bad.setdefault(k, v)
+
+    def reject(self, origin: str, error: Exception, strict: bool) -> None:
+        if strict:
+            raise SwiftError(f"{origin}: {error} (fix the row, or run with --strict false to drop bad rows)")
+        self.dropped[str(error)] += 1
+        self.first_bad.setdefault(str(error), origin)
+
+    def report(self, what: str) -> str | None:
+        """Log (and return) one line saying how many rows were dropped and why."""
+        total = sum(self.dropped.values())
+        if not total:
+            return None
+        reasons = "; ".join(f"{n} × {reason} (first: {self.first_bad[reason]})"
+                            for reason, n in self.dropped.most_common())
+        line = f"{what}: dropped {total} of {total + len(self.rows)} rows: {reasons}"
+        logger.warning(line)
+        return line
+
+
+# -- raw readers -------------------------------------------------------------------------------
+def iter_file(path: str) -> Iterator[tuple[int, Any]]:
+    """Yield (row_number, raw_row) from a local file; row numbers are 1-based lines or items."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield i, json.loads(line)
+                    except json.JSONDecodeError as e:
+                        yield i, RowError(f"invalid JSON ({e.msg} at column {e.colno})")
+    elif suffix == ".json":
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise SwiftError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        if isinstance(data, dict):  # {"data": [...]} or a single row
+            data = next((v for v in data.values() if isinstance(v, list)), [data])
+        yield from enumerate(data, 1)
+    elif suffix == ".csv":
+        with open(path, encoding="utf-8", newline="") as f:
+            for i, row in enumerate(csv.DictReader(f), 2):  # row 1 is the header
+                yield i, row
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from enumerate(pq.read_table(path).to_pylist(), 1)
+    elif suffix == ".txt":
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if line.strip():
+                    yield i, {"text": line.rstrip("\n")}
+    else:
+        raise SwiftError(f"dataset file {path}: unsupported type '{suffix}'; use one of {', '.join(FILE_TYPES)}")
+
+
+def _hub_files(spec: DatasetSpec, use_hf: bool) -> list[str]:
+    root = snapshot_download(spec.source, use_hf=use_hf, repo_type="dataset")
+    files = sorted(str(p) for p in Path(root).rglob("*") if p.suffix.lower() in FILE_TYPES and ".git" not in p.parts)
+    if spec.subset:
+        files = [f for f in files if spec.subset in Path(f).relative_to(root).parts or spec.subset in Path(f).stem]
+    train = [f for f in files if "train" in Path(f).name]
+    if not files:
+        raise SwiftError(f"dataset '{spec.source}' (subset {spec.subset}) has no data files")
+    return train or files
+
+
+def iter_raw(spec: DatasetSpec, use_hf: bool = False) -> Iterator[tuple[str, Any]]:
+    """Yield (origin, raw_row) for a spec, in file order."""
+    if spec.source.startswith("builtin:"):
+        name = spec.source[len("builtin:"):]
+        split = spec.subset or "train"
+        if split not in SPLITS:
+            raise SwiftError(f"dataset '{spec.source}': subset '{split}' is not one of {', '.join(SPLITS)}")
+        for i, row in enumerate(BUILTIN_DATASETS.get(name)(split), 1):
+            yield f"{spec.source}:{split} row {i}", row
+        return
+    if os.path.isfile(spec.source):
+        files = [spec.source]
+    elif os.path.isdir(spec.source):
+        files = sorted(str(p) for p in Path(spec.source).rglob("*") if p.suffix.lower() in FILE_TYPES)
+    elif os.path.exists(spec.source) or spec.source.endswith(FILE_TYPES) or spec.source.count("/") != 1:
+        raise SwiftError(f"--dataset {spec.source}: no such file")
+    else:
+        files = _hub_files(spec, use_hf)
+    for path in files:
+        for i, row in iter_file(path):
+            yield f"{path} row {i}", row
+
+
+def standard_rows(spec: DatasetSpec, *, column_map: dict, strict: bool, use_hf: bool = False) -> Iterator[tuple[str, Any]]:
+    """Yield (origin, standard row or RowError)."""
+    for origin, raw in iter_raw(spec, use_hf):
+        if isinstance(raw, RowError):
+            yield origin, raw
+            continue
+        if not isinstance(raw, dict):
+            yield origin, RowError(f"row is {type(raw).__name__}, expected an object")
+            continue
+        try:
+            yield origin, standardize(raw, column_map)
+        except RowError as e:
+            yield origin, e
+
+
+def _take(rowset: RowSet, n: int, rng: random.Random) -> RowSet:
+    """N rows: whole repeats of the data, then a random sample of the remainder."""
+    if not rowset.rows:
+        return rowset
+    reps, rem = divmod(n, len(rowset.rows))
+    idx = list(range(len(rowset.rows))) * reps + sorted(rng.sample(range(len(rowset.rows)), rem))
+    out = RowSet(dropped=rowset.dropped, first_bad=rowset.first_bad)
+    for i in idx:
+        out.add(rowset.rows[i], rowset.origins[i])
+    return out
+
+
+def load_rows(specs: list[str], *, column_map: dict | None = None, strict: bool = False, seed: int = 42,
+              use_hf: bool = False, shuffle: bool = False) -> RowSet:
+    """Load and mix several dataset specs into one RowSet of standard rows."""
+    rng = random.Random(seed)
+    mixed = RowSet()
+    for text in specs:
+        spec = DatasetSpec.parse(text)
+        part = RowSet()
+        for origin, row in standard_rows(spec, column_map=column_map or {}, strict=strict, use_hf=use_hf):
+            if isinstance(row, RowError):
+                part.reject(origin, row, strict)
+            else:
+                part.add(row, origin)
+        if not part.rows:
+            raise SwiftError(f"dataset '{text}' has no usable rows" + (f" ({part.dropped.most_common(1)[0][0]})" if part.dropped else ""))
+        if spec.n is not None:
+            part = _take(part, spec.n, rng)
+        mixed.extend(part)
+    if shuffle:
+        order = list(range(len(mixed.rows)))
+        rng.shuffle(order)
+        mixed.rows = [mixed.rows[i] for i in order]
+        mixed.origins = [mixed.origins[i] for i in order]
+    return mixed
+
+
+def split_rows(rowset: RowSet, ratio: float, seed: int) -> tuple[RowSet, RowSet]:
+    """Hold out `ratio` of the rows (at least one) for validation."""
+    order = list(range(len(rowset.rows)))
+    random.Random(seed).shuffle(order)
+    n_val = max(1, int(round(len(order) * ratio)))
+    train, val = RowSet(dropped=rowset.dropped, first_bad=rowset.first_bad), RowSet()
+    for k, i in enumerate(order):
+        (val if k < n_val else train).add(rowset.rows[i], rowset.origins[i])
+    return train, val

@@ -1,0 +1,168 @@
+"""Raw rows in any supported format → standard rows.
+
+Standard row: `{"messages": [{"role", "content"}, ...]}` plus, where present, `rejected_response`
+(preference), `label` (KTO), `tools`, and every other column kept by name (GRPO passes them to
+reward functions). Raw pre-training text becomes `{"text": ...}`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from swift.template.base import ROLES, RowError
+
+QUERY_KEYS = ("query", "prompt", "input", "instruction", "question", "problem")
+RESPONSE_KEYS = ("response", "answer", "output", "solution", "completion")
+SYSTEM_KEYS = ("system", "system_prompt")
+CHOSEN_KEYS = ("chosen", "response_chosen")
+REJECTED_KEYS = ("rejected", "rejected_response", "response_rejected", "negative")
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
+                  "observation": "tool", "tool": "tool", "function_call": "assistant", "function": "tool"}
+
+
+def _first(row: dict, keys: tuple[str, ...]) -> tuple[str | None, Any]:
+    for k in keys:
+        if k in row and row[k] is not None:
+            return k, row[k]
+    return None, None
+
+
+def _as_text(value: Any, what: str) -> str:
+    if isinstance(value, dict):  # ShareGPT single message {"from", "value"} or {"role", "content"}
+        value = value.get("value", value.get("content"))
+    if isinstance(value, list) and value and isinstance(value[-1], dict):  # conversational TRL column
+        value = value[-1].get("content")
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise RowError(f"{what} is {type(value).__name__}, expected text")
+    return str(value)
+
+
+def _messages_from_sharegpt(turns: list) -> list[dict]:
+    out = []
+    for t in turns:
+        if not isinstance(t, dict) or "from" not in t:
+            raise RowError("a ShareGPT turn must be an object with 'from' and 'value'")
+        role = SHAREGPT_ROLES.get(t["from"])
+        if role is None:
+            raise RowError(f"unknown ShareGPT role '{t['from']}'")
+        out.append({"role": role, "content": t.get("value")})
+    return out
+
+
+def _messages_from_transcript(text: str) -> list[dict]:
+    """hh-rlhf style '\\n\\nHuman: ...\\n\\nAssistant: ...' transcripts."""
+    messages = []
+    for chunk in text.split("\n\n"):
+        for prefix, role in (("Human:", "user"), ("Assistant:", "assistant")):
+            if chunk.startswith(prefix):
+                messages.append({"role": role, "content": chunk[len(prefix):].strip()})
+                break
+        else:
+            if messages:
+                messages[-1]["content"] += "\n\n" + chunk
+    return messages
+
+
+def _messages_from_query(row: dict, used: set[str]) -> list[dict] | None:
+    # Alpaca: `instruction` is the query and `input` extends it.
+    qk, query = ("instruction", row["instruction"]) if row.get("instruction") is not None else _first(row, QUERY_KEYS)
+    rk, response = _first(row, tuple(k for k in RESPONSE_KEYS if k != qk))
+    if qk is None and rk is None:
+        return None
+    messages = []
+    sk, system = _first(row, SYSTEM_KEYS)
+    if sk:
+        used.add(sk)
+        messages.append({"role": "system", "content": system})
+    for pair in row.get("history") or []:  # alpaca/oaast multi-turn history: [[query, response], ...]
+        messages += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    used.add("history")
+    if qk is not None:
+        used.add(qk)
+        if isinstance(query, list):  # conversational prompt (TRL)
+            messages += [dict(m) for m in query]
+        else:
+            query = _as_text(query, qk)
+            if qk == "instruction" and row.get("input"):  # alpaca: instruction + input
+                query = f"{query}\n{row['input']}"
+                used.add("input")
+            messages.append({"role": "user", "content": query})
+    if rk is not None:
+        used.add(rk)
+        messages.append({"role": "assistant", "content": _as_text(response, rk)})
+    return messages
+
+
+def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
+    """Convert one raw row to the standard row, or raise RowError saying what is wrong."""
+    row = {column_map.get(k, k): v for k, v in raw.items()} if column_map else dict(raw)
+    used: set[str] = set()
+    messages = None
+    if "messages" in row:
+        used.add("messages")
+        messages = row["messages"]
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict) and "from" in messages[0]:
+            messages = _messages_from_sharegpt(messages)
+    elif "conversations" in row:
+        used.add("conversations")
+        messages = _messages_from_sharegpt(row["conversations"])
+    elif "text" in row and not any(k in row for k in QUERY_KEYS + CHOSEN_KEYS):
+        text = row["text"]
+        if not isinstance(text, str) or not text:
+            raise RowError("'text' is empty")
+        return {"text": text, **{k: v for k, v in row.items() if k != "text"}}
+    out: dict[str, Any] = {}
+    ck, chosen = _first(row, CHOSEN_KEYS)
+    jk, rejected = _first(row, REJECTED_KEYS)
+    if messages is None and ck == "chosen" and isinstance(chosen, str) and "\n\nHuman:" in chosen:
+        messages = _messages_from_transcript(chosen)  # hh-rlhf: prompt is the shared prefix
+        used.add(ck)
+        if isinstance(rejected, str) and "\n\nHuman:" in rejected:
+            rejected = (_messages_from_transcript(rejected) or [{"content": ""}])[-1]["content"]
+    if messages is None:
+        messages = _messages_from_query(row, used)
+    if messages is None:
+        raise RowError(f"no conversation found: expected 'messages', 'conversations', 'text', or query/response "
+                       f"columns ({'|'.join(QUERY_KEYS)} / {'|'.join(RESPONSE_KEYS)}); got {sorted(raw)}")
+    messages = [dict(m) for m in messages]
+    if ck is not None and ck not in used:  # preference row: chosen is the final assistant turn
+        used.add(ck)
+        messages.append({"role": "assistant", "content": _as_text(chosen, ck)})
+    if jk is not None:
+        used.add(jk)
+        out["rejected_response"] = _as_text(rejected, jk)
+    if "label" in row and row["label"] is not None:
+        used.add("label")
+        out["label"] = _as_bool(row["label"])
+    _check_messages(messages)
+    if "rejected_response" in out and messages[-1]["role"] == "assistant" \
+            and out["rejected_response"] == messages[-1]["content"]:
+        raise RowError("rejected response equals the chosen response")
+    out["messages"] = messages
+    for k, v in row.items():  # keep every other column (GRPO passes them to reward functions)
+        if k not in used and k not in out:
+            out[k] = v
+    return out
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        if value.lower() in ("true", "1", "yes"):
+            return True
+        if value.lower() in ("false", "0", "no"):
+            return False
+        raise RowError(f"label {value!r} is not a boolean")
+    return bool(value)
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise RowError("messages is empty")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m:
+            raise RowError(f"message {i} has no role")
+        if m["role"] not in ROLES:
+            raise RowError(f"message {i} has role '{m['role']}', expected one of {', '.join(ROLES)}")
+        if m.get("content") is None:
+            raise RowError(f"message {i} ({m['role']}) has no content")
+        if not isinstance(m["content"], str):
+            m["content"] = str(m["content"])

@@ -1,0 +1,98 @@
+"""Load a model and its tokenizer from a local directory, a hub id, or the built-in tiny model."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
+                          PreTrainedModel, PreTrainedTokenizerBase)
+
+from swift.model.hub import snapshot_download
+from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
+
+BUILTIN_PREFIX = "builtin:"
+ASSETS = Path(__file__).parent / "assets"
+BUILTIN_SEED = 0  # the built-in model's weights are a pure function of this seed
+
+
+@dataclass
+class ModelInfo:
+    model_id: str  # what the user passed
+    model_dir: str  # where config and tokenizer files live
+    model_type: str
+    builtin: bool
+
+
+def resolve_model_dir(model: str, *, use_hf: bool = False, revision: str | None = None) -> tuple[str, bool]:
+    """Return (local directory, is_builtin) for a model spec, downloading hub ids."""
+    if model.startswith(BUILTIN_PREFIX):
+        name = model[len(BUILTIN_PREFIX):]
+        path = ASSETS / name
+        if not path.is_dir():
+            valid = sorted(p.name for p in ASSETS.iterdir() if p.is_dir())
+            raise SwiftError(f"unknown built-in model '{model}'; valid: {', '.join(BUILTIN_PREFIX + v for v in valid)}")
+        return str(path), True
+    if os.path.isdir(model):
+        if not os.path.isfile(os.path.join(model, "config.json")):
+            raise SwiftError(f"--model {model}: directory has no config.json (is it a LoRA adapter? use --adapters)")
+        return model, False
+    if os.path.exists(model) or model.startswith((".", "/")) or model.count("/") != 1:
+        raise SwiftError(f"--model {model}: no such local directory, and not a hub id of the form 'org/name'")
+    return snapshot_download(model, use_hf=use_hf, revision=revision), False
+
+
+def resolve_dtype(torch_dtype: str) -> torch.dtype:
+    if torch_dtype == "auto":
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, torch_dtype)
+
+
+def load_tokenizer(model_dir: str) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    model: str,
+    *,
+    use_hf: bool = False,
+    revision: str | None = None,
+    torch_dtype: str = "auto",
+    attn_impl: str | None = None,
+    task_type: str = "causal_lm",
+    num_labels: int | None = None,
+    device: str | torch.device | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelInfo]:
+    model_dir, builtin = resolve_model_dir(model, use_hf=use_hf, revision=revision)
+    tokenizer = load_tokenizer(model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    dtype = resolve_dtype(torch_dtype)
+    if task_type == "seq_cls":
+        config.num_labels = num_labels or 1
+        config.pad_token_id = tokenizer.pad_token_id
+        auto_cls = AutoModelForSequenceClassification
+    else:
+        auto_cls = AutoModelForCausalLM
+    kwargs = {"attn_implementation": attn_impl} if attn_impl else {}
+    if builtin:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(BUILTIN_SEED)
+            hf_model = auto_cls.from_config(config, dtype=dtype, **kwargs)
+        # Recorded in adapter configs and args.json, so a LoRA trained on it can find its base again.
+        hf_model.config._name_or_path = model
+        hf_model.name_or_path = model
+    else:
+        hf_model = auto_cls.from_pretrained(model_dir, config=config, dtype=dtype, **kwargs)
+    if device is not None:
+        hf_model.to(device)
+    info = ModelInfo(model_id=model, model_dir=model_dir, model_type=config.model_type, builtin=builtin)
+    return hf_model, tokenizer, info

@@ -1,0 +1,155 @@
+"""`swift sft` and `swift pt`: load → template → data → tuner → Trainer → save."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import set_seed
+from transformers.trainer_utils import get_last_checkpoint
+
+from swift.arguments import PtArguments, SftArguments
+from swift.dataset.encode import Collator, ListDataset, StreamingDataset, encode_rows, pack
+from swift.dataset.loader import RowSet, load_rows, split_rows
+from swift.model import load_model
+from swift.pipelines.base import resolve_args
+from swift.template import get_template, infer_template
+from swift.trainers.callbacks import ArgsInCheckpointCallback, JsonlLogCallback
+from swift.trainers.trainer import SwiftTrainer
+from swift.tuners import prepare_model
+from swift.utils.io import write_json
+from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
+
+
+class TrainPipeline:
+    def __init__(self, args: SftArguments):
+        self.args = args
+
+    # -- parts -----------------------------------------------------------------------------------
+    def load(self):
+        a = self.args
+        if a.task_type == "seq_cls":
+            raise SwiftError("--task_type seq_cls is trained with `swift rlhf --rlhf_type rm`; sft/pt train causal_lm")
+        model, tokenizer, info = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
+                                            torch_dtype=a.torch_dtype, attn_impl=a.attn_impl, task_type=a.task_type,
+                                            num_labels=a.num_labels)
+        if model.dtype == torch.bfloat16:
+            a.training_args.bf16 = True
+        name = a.template or infer_template(info.model_type, tokenizer)
+        template = get_template(name, tokenizer, system=a.system, max_length=a.max_length,
+                                truncation_strategy=a.truncation_strategy, loss_scale=a.loss_scale)
+        logger.info(f"model {a.model} ({info.model_type}), template {name}")
+        return model, tokenizer, template, info
+
+    def datasets(self, template) -> tuple[Any, Any, list[dict]]:
+        """Return (train dataset, eval dataset or None, raw validation rows for generation eval)."""
+        a = self.args
+        seed = a.data_seed if a.data_seed is not None else a.seed
+        load = dict(column_map=a.data_args.column_map, strict=a.strict, seed=seed, use_hf=a.use_hf)
+        if a.streaming:
+            train = StreamingDataset(a.dataset, template, column_map=load["column_map"], strict=a.strict,
+                                     use_hf=a.use_hf)
+            val_rows = load_rows(a.val_dataset, **load) if a.val_dataset else RowSet()
+        else:
+            train_rows = load_rows(a.dataset, shuffle=a.dataset_shuffle, **load)
+            if a.val_dataset:
+                val_rows = load_rows(a.val_dataset, **load)
+            elif a.split_dataset_ratio > 0:
+                train_rows, val_rows = split_rows(train_rows, a.split_dataset_ratio, seed)
+            else:
+                val_rows = RowSet()
+            samples = encode_rows(train_rows, template, strict=a.strict, desc="encode train")
+            train_rows.report("train dataset")
+            if not samples:
+                raise SwiftError("no training samples left after encoding; see the dropped-row report above")
+            if a.packing:
+                samples = pack(samples, a.max_length, seed)
+                logger.info(f"packed into {len(samples)} rows of up to {a.max_length} tokens")
+            train = ListDataset(samples)
+        val = None
+        if len(val_rows):
+            val_samples = encode_rows(val_rows, template, strict=a.strict, desc="encode val")
+            val_rows.report("val dataset")
+            val = ListDataset(val_samples) if val_samples else None
+        return train, val, val_rows.rows
+
+    # -- run -------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        a = self.args
+        set_seed(a.seed)
+        model, tokenizer, template, info = self.load()
+        train, val, val_rows = self.datasets(template)
+        model = prepare_model(model, a.tuner_args, task_type=a.task_type)
+        out = a.output_dir
+        args_path = os.path.join(out, "args.json")
+        if _is_main():
+            write_json(args_path, a.to_dict())
+            if getattr(a, "config_file", None):
+                shutil.copy(a.config_file, os.path.join(out, os.path.basename(a.config_file)))
+        trainer = SwiftTrainer(
+            model=model, args=a.training_args, train_dataset=train, eval_dataset=val,
+            data_collator=Collator(tokenizer.pad_token_id, dtype=model.dtype), processing_class=tokenizer,
+            callbacks=[JsonlLogCallback(out), ArgsInCheckpointCallback(args_path)],
+        )
+        trainer.template = template
+        trainer.generation_rows = val_rows
+        if a.generation_max_length:
+            trainer.generation_max_new_tokens = a.generation_max_length
+        resume = a.resume_from_checkpoint
+        if resume == "last":
+            resume = get_last_checkpoint(out)
+        train_result = trainer.train(resume_from_checkpoint=resume)
+        metrics = dict(train_result.metrics)
+        if val is not None or (a.predict_with_generate and val_rows):
+            metrics.update(trainer.evaluate())
+        trainer.save_model(out)
+        checksums = _rank_checksums(trainer.model)
+        result = {
+            "output_dir": out,
+            "model_dir": out,
+            "last_checkpoint": get_last_checkpoint(out),
+            "best_checkpoint": trainer.state.best_model_checkpoint,
+            "global_step": trainer.state.global_step,
+            "metrics": metrics,
+            "rank_checksums": checksums,
+        }
+        if _is_main():
+            write_json(os.path.join(out, "result.json"), result)
+        return result
+
+
+def _is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _rank_checksums(model: torch.nn.Module) -> list[str]:
+    """A digest of the trainable weights on every rank; ranks that diverged make the run fail loudly."""
+    digest = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        if p.requires_grad:
+            digest.update(name.encode())
+            digest.update(p.detach().float().cpu().numpy().tobytes())
+    mine = digest.hexdigest()[:16]
+    if not dist.is_initialized():
+        return [mine]
+    gathered: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if len(set(gathered)) > 1:
+        raise SwiftError(f"data-parallel ranks ended with different weights: {gathered}")
+    return gathered
+
+
+def sft_main(args: SftArguments | list[str] | None = None) -> dict[str, Any]:
+    """Run `swift sft`; returns output dir, last/best checkpoint and final metrics."""
+    return TrainPipeline(resolve_args(SftArguments, args, "swift sft")).run()
+
+
+def pt_main(args: PtArguments | list[str] | None = None) -> dict[str, Any]:
+    """Run `swift pt` (loss on every token, full tuning by default)."""
+    return TrainPipeline(resolve_args(PtArguments, args, "swift pt")).run()

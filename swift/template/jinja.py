@@ -1,0 +1,36 @@
+"""`--template jinja`: the tokenizer's own chat template, with loss spans found by prefix rendering."""
+from __future__ import annotations
+
+from swift.template.base import TEMPLATES, Span, Template
+from swift.utils.registry import SwiftError
+
+
+@TEMPLATES.register("jinja")
+class JinjaTemplate(Template):
+    name = "jinja"
+
+    def __init__(self, tokenizer, **kwargs):
+        if not getattr(tokenizer, "chat_template", None):
+            raise SwiftError("--template jinja needs a tokenizer with a chat_template; pass --template chatml|qwen|llama3")
+        super().__init__(tokenizer, **kwargs)
+
+    def _apply(self, messages: list[dict], add_generation_prompt: bool, tools: list | None) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False,
+               tools: list | None = None) -> tuple[str, list[Span]]:
+        text = self._apply(messages, add_generation_prompt, tools)
+        spans = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            # The assistant turn is what rendering messages[:i+1] adds after the generation prompt of messages[:i].
+            before = self._apply(messages[:i], True, tools) if i else ""
+            upto = self._apply(messages[: i + 1], False, tools)
+            if not (upto.startswith(before) and text.startswith(upto)):
+                raise SwiftError("the tokenizer's chat_template is not prefix-stable, so assistant tokens cannot be "
+                                 "located; pass --template chatml|qwen|llama3")
+            end = len(upto.rstrip())  # keep the end-of-turn token, drop the separator after it
+            spans.append((len(before), end))
+        return text, spans

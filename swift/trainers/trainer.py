@@ -1,0 +1,65 @@
+"""The HF Trainer plus one thin mixin: a loss that computes logits only where labels exist,
+and generation-based evaluation (`--predict_with_generate`)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer
+
+from swift.template.base import IGNORE_INDEX, Template
+from swift.trainers.generate_eval import exact_match_accuracy
+
+
+def causal_lm_loss(model, inputs: dict, num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
+    """Next-token cross-entropy, projecting to the vocabulary only at positions that predict a label.
+
+    Prompt tokens carry no loss, so their logits are never needed; `logits_to_keep` (a tensor of
+    sequence positions) makes the model skip the output head there, which is most of the work for
+    small models with large vocabularies.
+    """
+    labels = inputs["labels"]
+    targets = labels[:, 1:]
+    keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().squeeze(-1)  # positions t predicting labels[t+1]
+    model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    logits = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits
+    selected = targets[:, keep]
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), selected.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
+    n = num_items_in_batch if num_items_in_batch is not None else (selected != IGNORE_INDEX).sum().clamp(min=1)
+    return loss / n
+
+
+class SwiftMixin:
+    """Mixed into `transformers.Trainer`; set `template` and `generation_rows` for generation eval."""
+
+    template: Template | None = None
+    generation_rows: list[dict] | None = None
+    generation_max_new_tokens: int = 64
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = causal_lm_loss(model, inputs, num_items_in_batch)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * self.accelerator.num_processes  # DDP averages gradients; the count was global
+        return (loss, None) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss = causal_lm_loss(model, inputs, None)
+        return loss.detach(), None, None
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        metrics = {}
+        if self.eval_dataset is not None or eval_dataset is not None:
+            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        if self.args.predict_with_generate and self.generation_rows and self.template is not None:
+            acc = exact_match_accuracy(self.accelerator.unwrap_model(self.model), self.template, self.generation_rows,
+                                       self.generation_max_new_tokens)
+            extra = {f"{metric_key_prefix}_acc": acc}
+            self.log(extra)
+            metrics.update(extra)
+        return metrics
+
+
+class SwiftTrainer(SwiftMixin, Trainer):
+    pass

@@ -1,0 +1,44 @@
+"""Tuners: LoRA (peft) and full fine-tuning with optional freezing."""
+from __future__ import annotations
+
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from transformers import PreTrainedModel
+
+from swift.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+def prepare_model(model: PreTrainedModel, args, *, task_type: str = "causal_lm") -> PreTrainedModel:
+    """Wrap or freeze `model` according to the tuner arguments (`tuner_type`, `lora_*`, `freeze_*`)."""
+    if args.adapters:
+        model = PeftModel.from_pretrained(model, args.adapters[0], is_trainable=True)
+        for extra in args.adapters[1:]:
+            model.load_adapter(extra, adapter_name=extra)
+    elif args.tuner_type == "lora":
+        target = args.target_modules
+        config = LoraConfig(
+            r=args.lora_rank,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules="all-linear" if target == ["all-linear"] else target,
+            task_type=TaskType.SEQ_CLS if task_type == "seq_cls" else TaskType.CAUSAL_LM,
+        )
+        model = get_peft_model(model, config)
+    else:
+        freeze(model, args.freeze_parameters, args.freeze_parameters_ratio, args.trainable_parameters)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info(f"trainable parameters: {trainable:,} / {total:,} ({100 * trainable / total:.2f}%)")
+    return model
+
+
+def freeze(model: PreTrainedModel, prefixes: list[str], ratio: float, keep: list[str]) -> None:
+    """Freeze parameters by name prefix and/or the first `ratio` of parameters; `keep` prefixes stay trainable."""
+    params = list(model.named_parameters())
+    n_ratio = int(len(params) * ratio)
+    for i, (name, p) in enumerate(params):
+        frozen = i < n_ratio or any(name.startswith(pre) for pre in prefixes)
+        if any(name.startswith(pre) for pre in keep):
+            frozen = False
+        p.requires_grad_(not frozen)

@@ -1,0 +1,81 @@
+import json
+
+import pytest
+
+from swift.arguments import PtArguments, SftArguments, TrainArguments
+from swift.arguments.parser import ArgumentError, parse_args
+from swift.utils.registry import SwiftError
+
+BASE = ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft"]
+
+
+def test_parts_do_not_share_flag_names():
+    owners = SftArguments.field_owners()  # raises if two parts define the same field
+    assert owners["model"] == "model_args" and owners["learning_rate"] == "training_args"
+
+
+def test_flat_construction_and_defaults():
+    a = SftArguments(model="builtin:tiny-chat", dataset=["builtin:arith-sft"])
+    assert a.tuner_type == "lora" and a.learning_rate == 1e-4 and a.lora_rank == 8
+    assert a.target_modules == ["all-linear"] and a.loss_scale == "default"
+    full = SftArguments(model="m", dataset=["d"], tuner_type="full")
+    assert full.learning_rate == 1e-5
+    pt = PtArguments(model="m", dataset=["d"])
+    assert pt.loss_scale == "all" and pt.tuner_type == "full"
+    assert TrainArguments is SftArguments
+    assert SftArguments(model="m", dataset=["d"], train_type="full").tuner_type == "full"
+
+
+def test_eval_strategy_follows_validation_data():
+    assert str(SftArguments(model="m", dataset=["d"]).eval_strategy.value) == "no"
+    assert str(SftArguments(model="m", dataset=["d"], val_dataset=["v"]).eval_strategy.value) == "steps"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"tuner_type": "qlora"}, "--tuner_type 'qlora' is not one of lora, full"),
+    ({"truncation_strategy": "middle"}, "--truncation_strategy 'middle' is not one of delete, left, right"),
+    ({"torch_dtype": "fp8"}, "--torch_dtype 'fp8' is not one of"),
+    ({"columns": "not json"}, "--columns must be a JSON object"),
+    ({"split_dataset_ratio": 1.5}, "--split_dataset_ratio must be in"),
+    ({"lr_rate": 1.0}, "unknown argument 'lr_rate'"),
+])
+def test_validation_names_the_flag(kwargs, message):
+    with pytest.raises(SwiftError, match=message.replace("(", r"\(").replace("'", "'")):
+        SftArguments(model="m", dataset=["d"], **kwargs)
+
+
+def test_required_flags():
+    with pytest.raises(SwiftError, match="--dataset is required"):
+        SftArguments(model="m")
+
+
+def test_cli_parsing_and_unknown_flag():
+    a = parse_args(SftArguments, BASE + ["--lora_rank", "4", "--packing", "true", "--max_steps", "3"])
+    assert a.lora_rank == 4 and a.packing is True and a.max_steps == 3
+    with pytest.raises(ArgumentError, match="unknown flag '--lora_rnak'. Did you mean '--lora_rank'"):
+        parse_args(SftArguments, BASE + ["--lora_rnak", "4"])
+    with pytest.raises(ArgumentError, match="invalid choice"):
+        parse_args(SftArguments, BASE + ["--loss_scale", "everything"])
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_config_file_supplies_defaults_and_flags_win(tmp_path, suffix):
+    cfg = {"model": "builtin:tiny-chat", "dataset": ["builtin:arith-sft"], "lora_rank": 16, "max_length": 128}
+    path = tmp_path / f"c{suffix}"
+    path.write_text(json.dumps(cfg))  # JSON is valid YAML
+    leading = parse_args(SftArguments, [str(path), "--lora_rank", "2"])
+    flag = parse_args(SftArguments, ["--config", str(path)])
+    assert leading.lora_rank == 2 and leading.max_length == 128
+    assert flag.lora_rank == 16
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lora_rnak: 3\n")
+    with pytest.raises(ArgumentError, match="unknown key 'lora_rnak'"):
+        parse_args(SftArguments, [str(bad)] + BASE)
+
+
+def test_args_json_round_trip(tmp_path):
+    a = parse_args(SftArguments, BASE + ["--lora_rank", "4", "--output_dir", str(tmp_path), "--warmup_ratio", "0.1"])
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps(a.to_dict()))
+    b = parse_args(SftArguments, [str(path)])
+    assert b.to_dict() == a.to_dict()

@@ -1,0 +1,50 @@
+import subprocess
+import sys
+
+
+def swift(*argv, env=None):
+    return subprocess.run([sys.executable, "-m", "swift", *argv], capture_output=True, text=True, env=env)
+
+
+def test_help_lists_working_commands():
+    out = swift("--help")
+    assert out.returncode == 0
+    for cmd in ("pt", "sft", "merge-lora"):
+        assert f"  {cmd}" in out.stdout
+
+
+def test_command_help_lists_flags_with_defaults():
+    out = swift("sft", "--help")
+    assert out.returncode == 0
+    assert "--lora_rank LORA_RANK" in out.stdout and "LoRA rank r. (default: 8)" in " ".join(out.stdout.split())
+    assert "--truncation_strategy" in out.stdout and "--learning_rate" in out.stdout
+
+
+def test_unknown_command_and_flag_exit_2_with_one_line():
+    out = swift("stf")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["swift: unknown command 'stf'. Did you mean 'sft'? Commands: pt, sft, merge-lora"]
+    out = swift("sft", "--model", "builtin:tiny-chat", "--datset", "x")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["swift sft: error: unknown flag '--datset'. Did you mean '--dataset'?"]
+
+
+def test_user_errors_are_one_line_and_nonzero(tmp_path):
+    out = swift("sft", "--model", "builtin:tiny-chat", "--dataset", str(tmp_path / "missing.jsonl"),
+                "--output_dir", str(tmp_path / "o"))
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("swift sft: error: --dataset")
+    assert "Traceback" not in out.stderr
+
+
+def test_underscore_command_alias():
+    assert swift("merge_lora", "--help").returncode == 0
+
+
+def test_torchrun_command_line():
+    from swift.cli.main import torchrun_command
+
+    cmd = torchrun_command("sft", ["--model", "m"], {"NPROC_PER_NODE": "2", "MASTER_PORT": "29600"})
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "2" and cmd[cmd.index("--master_port") + 1] == "29600"
+    assert cmd[-5:] == ["-m", "swift.cli.main", "sft", "--model", "m"]

@@ -1,0 +1,86 @@
+import csv
+import json
+
+import pytest
+
+from swift.dataset.loader import DatasetSpec, load_rows, split_rows
+from swift.utils.registry import SwiftError
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def qa(i):
+    return {"query": f"q{i}", "response": f"r{i}"}
+
+
+def test_spec_parsing():
+    assert DatasetSpec.parse("org/name:sub#500") == DatasetSpec("org/name", "sub", 500)
+    assert DatasetSpec.parse("builtin:arith-sft:eval#10") == DatasetSpec("builtin:arith-sft", "eval", 10)
+    assert DatasetSpec.parse("data.jsonl") == DatasetSpec("data.jsonl", None, None)
+    with pytest.raises(SwiftError, match="row count"):
+        DatasetSpec.parse("data.jsonl#abc")
+
+
+def test_file_types(tmp_path):
+    rows = [qa(i) for i in range(5)]
+    jsonl = write_jsonl(tmp_path / "a.jsonl", rows)
+    (tmp_path / "b.json").write_text(json.dumps(rows))
+    with open(tmp_path / "c.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, ["query", "response"])
+        w.writeheader()
+        w.writerows(rows)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    (tmp_path / "e.txt").write_text("line one\n\nline two\n")
+    for name in ("a.jsonl", "b.json", "c.csv", "d.parquet"):
+        got = load_rows([str(tmp_path / name)])
+        assert [r["messages"][-1]["content"] for r in got.rows] == [f"r{i}" for i in range(5)], name
+    assert load_rows([str(tmp_path / "e.txt")]).rows == [{"text": "line one"}, {"text": "line two"}]
+    assert len(load_rows([jsonl, str(tmp_path / "b.json")])) == 10  # mixing
+
+
+def test_sampling_and_repeating(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [qa(i) for i in range(10)])
+    few = load_rows([path + "#4"], seed=1)
+    assert len(few) == 4 and len({r["messages"][0]["content"] for r in few.rows}) == 4
+    many = load_rows([path + "#25"], seed=1)
+    counts = {}
+    for r in many.rows:
+        counts[r["messages"][0]["content"]] = counts.get(r["messages"][0]["content"], 0) + 1
+    assert len(many) == 25 and min(counts.values()) == 2 and max(counts.values()) == 3
+    assert load_rows([path + "#4"], seed=1).rows == few.rows  # deterministic
+
+
+def test_bad_rows_dropped_or_strict(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(qa(0)) + "\n{not json\n" + json.dumps({"messages": []}) + "\n" + json.dumps(qa(1)) + "\n")
+    rows = load_rows([str(path)])
+    assert len(rows) == 2 and sum(rows.dropped.values()) == 2
+    line = rows.report("train")
+    assert "dropped 2 of 4 rows" in line and "bad.jsonl row 2" in line
+    with pytest.raises(SwiftError, match=r"bad\.jsonl row 2: invalid JSON"):
+        load_rows([str(path)], strict=True)
+
+
+def test_missing_file_and_offline_hub(tmp_path):
+    with pytest.raises(SwiftError, match="no such file"):
+        load_rows([str(tmp_path / "nope.jsonl")])
+
+
+def test_builtin_split_is_deterministic_and_disjoint():
+    train = load_rows(["builtin:arith-sft"])
+    val = load_rows(["builtin:arith-sft:eval"])
+    prompts = {r["messages"][0]["content"] for r in train.rows}
+    assert len(val) > 400 and not prompts & {r["messages"][0]["content"] for r in val.rows}
+    assert len(train) + len(val) == 10000
+
+
+def test_split_dataset_ratio(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [qa(i) for i in range(20)])
+    train, val = split_rows(load_rows([path]), 0.25, seed=0)
+    assert len(train) == 15 and len(val) == 5

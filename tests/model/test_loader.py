@@ -1,0 +1,45 @@
+import socket
+
+import pytest
+import torch
+
+from swift.model import load_model
+from swift.utils.registry import SwiftError
+
+
+def test_builtin_is_small_qwen2_and_seeded():
+    a, tok, info = load_model("builtin:tiny-chat")
+    b, _, _ = load_model("builtin:tiny-chat")
+    n = sum(p.numel() for p in a.parameters())
+    assert info.model_type == "qwen2" and 500_000 <= n <= 2_000_000
+    assert 2000 <= len(tok) <= 4096
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert tok.convert_ids_to_tokens(tok("2024", add_special_tokens=False)["input_ids"]) == ["2", "0", "2", "4"]
+    for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        assert len(tok(special, add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_local_dir_loads_without_network(tiny_dir, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("tried to use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    model, tok, info = load_model(tiny_dir, task_type="seq_cls")
+    assert info.model_type == "qwen2" and not info.builtin
+    assert model.config.num_labels == 1 and type(model).__name__ == "Qwen2ForSequenceClassification"
+
+
+def test_unknown_builtin_and_bad_path(tmp_path):
+    with pytest.raises(SwiftError, match="unknown built-in model 'builtin:huge'; valid: builtin:tiny-chat"):
+        load_model("builtin:huge")
+    with pytest.raises(SwiftError, match="no such local directory"):
+        load_model(str(tmp_path / "nope"))
+    (tmp_path / "adapter").mkdir()
+    with pytest.raises(SwiftError, match="no config.json"):
+        load_model(str(tmp_path / "adapter"))
+
+
+def test_offline_hub_fails_in_one_line():
+    with pytest.raises(SwiftError, match="Hugging Face hub .*pass a local path") as err:
+        load_model("no-such-org/no-such-model", use_hf=True)
+    assert "\n" not in str(err.value)

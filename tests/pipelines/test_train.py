@@ -1,0 +1,124 @@
+"""End-to-end `swift sft` / `swift pt` runs on the built-in tiny model (a few steps each)."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from swift import SftArguments, pt_main, sft_main
+from tests.conftest import train_argv
+
+
+def read_log(out):
+    with open(os.path.join(out, "logging.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_lora_sft_writes_every_output(tmp_path):
+    out = tmp_path / "run"
+    result = sft_main(train_argv(out, "--max_steps", "6", "--val_dataset", "builtin:arith-sft:eval#8",
+                                 "--eval_steps", "3", "--save_strategy", "steps", "--save_steps", "3",
+                                 "--report_to", "tensorboard"))
+    assert result["global_step"] == 6 and result["last_checkpoint"].endswith("checkpoint-6")
+    assert "eval_loss" in result["metrics"]
+    for name in ("args.json", "logging.jsonl", "adapter_model.safetensors", "adapter_config.json", "result.json",
+                 "checkpoint-3/args.json", "checkpoint-3/optimizer.pt"):
+        assert os.path.exists(out / name), name
+    assert glob.glob(str(out / "runs" / "*" / "events.out.tfevents.*"))
+    assert {"loss.png", "learning_rate.png"} <= {os.path.basename(p) for p in glob.glob(str(out / "images" / "*.png"))}
+    logs = read_log(out)
+    assert any("eval_loss" in r for r in logs) and sum("loss" in r for r in logs) == 6
+    assert json.load(open(out / "args.json"))["lora_rank"] == 8
+
+
+def test_python_api_takes_dataclass(tmp_path):
+    args = SftArguments(model="builtin:tiny-chat", dataset=["builtin:arith-sft#16"], output_dir=str(tmp_path),
+                        max_steps=2, per_device_train_batch_size=4, report_to="none", save_strategy="no",
+                        disable_tqdm=True)
+    assert sft_main(args)["global_step"] == 2
+
+
+def test_full_tuning_reduces_loss_and_freeze_keeps_frozen(tmp_path):
+    from swift.model import load_model
+
+    out = tmp_path / "full"
+    sft_main(train_argv(out, "--tuner_type", "full", "--learning_rate", "3e-3", "--max_steps", "20",
+                        "--freeze_parameters", "model.layers.0", "--dataset", "builtin:arith-sft#32"))
+    losses = [r["loss"] for r in read_log(out) if "loss" in r]
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.5
+    base = dict(load_model("builtin:tiny-chat")[0].named_parameters())
+    tuned = load_file(out / "model.safetensors")
+    assert torch.equal(tuned["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(tuned["model.layers.1.mlp.up_proj.weight"], base["model.layers.1.mlp.up_proj.weight"])
+
+
+def test_pt_trains_every_token(tmp_path):
+    result = pt_main(train_argv(tmp_path, "--dataset", "builtin:arith-pt#32", "--packing", "true",
+                                "--max_length", "64"))
+    assert result["global_step"] == 4
+
+
+def test_repeat_run_from_args_json(tmp_path):
+    first = sft_main(train_argv(tmp_path / "a", "--tuner_type", "full", "--learning_rate", "1e-3"))
+    again = sft_main([str(tmp_path / "a" / "args.json"), "--output_dir", str(tmp_path / "b")])
+    w1 = load_file(tmp_path / "a" / "model.safetensors")
+    w2 = load_file(tmp_path / "b" / "model.safetensors")
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-6) for k in w1)
+    assert first["metrics"]["train_loss"] == pytest.approx(again["metrics"]["train_loss"], abs=1e-6)
+
+
+def test_bad_rows_reported_and_strict_stops(tmp_path):
+    data = tmp_path / "d.jsonl"
+    good = {"query": "1+1=", "response": "2"}
+    data.write_text("\n".join([json.dumps(good)] * 7 + ['{"messages": []}']) + "\n")
+    cmd = [sys.executable, "-m", "swift", "sft", *train_argv(tmp_path / "o", "--dataset", str(data), "--max_steps", "1")]
+    ok = subprocess.run(cmd, capture_output=True, text=True)
+    assert ok.returncode == 0 and "dropped 1 of 8 rows: 1 × messages is empty" in ok.stderr
+    strict = subprocess.run(cmd + ["--strict", "true"], capture_output=True, text=True)
+    assert strict.returncode == 1
+    assert strict.stderr.strip().splitlines()[-1] == (
+        f"swift sft: error: {data} row 8: messages is empty (fix the row, or run with --strict false to drop bad rows)")
+
+
+def test_streaming(tmp_path):
+    result = sft_main(train_argv(tmp_path, "--streaming", "true", "--dataset", "builtin:arith-sft#10"))
+    assert result["global_step"] == 4
+
+
+def _weights(path):
+    return load_file(os.path.join(path, "model.safetensors"))
+
+
+def test_killed_run_resumes_to_identical_weights(tmp_path):
+    argv = train_argv(tmp_path / "x", "--tuner_type", "full", "--learning_rate", "1e-3", "--max_steps", "12",
+                      "--save_strategy", "steps", "--save_steps", "4", "--dataset", "builtin:arith-sft#200",
+                      "--lr_scheduler_type", "cosine", "--warmup_ratio", "0.1")
+    sft_main([*argv[:argv.index("--output_dir")], "--output_dir", str(tmp_path / "straight"),
+              *argv[argv.index("--output_dir") + 2:]])
+    proc = subprocess.Popen([sys.executable, "-m", "swift", "sft", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not os.path.exists(tmp_path / "x" / "checkpoint-8") and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert os.path.exists(tmp_path / "x" / "checkpoint-4" / "trainer_state.json")
+    sft_main(argv + ["--resume_from_checkpoint", str(tmp_path / "x" / "checkpoint-4")])
+    straight, resumed = _weights(tmp_path / "straight"), _weights(tmp_path / "x")
+    assert max((straight[k] - resumed[k]).abs().max().item() for k in straight) < 1e-5
+
+
+def test_two_rank_ddp_ends_in_sync(tmp_path):
+    env = {**os.environ, "NPROC_PER_NODE": "2", "MASTER_PORT": "29531", "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "ddp"
+    proc = subprocess.run([sys.executable, "-m", "swift", "sft", *train_argv(out, "--tuner_type", "full")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.load(open(out / "result.json"))
+    assert len(result["rank_checksums"]) == 2 and len(set(result["rank_checksums"])) == 1

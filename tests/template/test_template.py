@@ -1,0 +1,107 @@
+import pytest
+
+from swift.template import IGNORE_INDEX, RowError, get_template, infer_template
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 12+34?"},
+    {"role": "assistant", "content": "46"},
+    {"role": "user", "content": " and now 1+1, please"},
+    {"role": "assistant", "content": " It is 2.\nDone."},
+]
+
+# A Llama-3 style chat template with generation markers, to check our llama3 template against.
+LLAMA3_JINJA = (
+    "{{ '<|begin_of_text|>' }}{%- for m in messages -%}"
+    "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{%- if m['role'] == 'assistant' -%}{% generation %}{{ m['content'] | trim }}{{ '<|eot_id|>' }}{% endgeneration %}"
+    "{%- else -%}{{ m['content'] | trim }}{{ '<|eot_id|>' }}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif -%}"
+)
+
+
+def reference(tokenizer, messages, chat_template=None):
+    out = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True, return_dict=True,
+                                        return_assistant_tokens_mask=True)
+    ids = list(out["input_ids"])
+    labels = [t if m else IGNORE_INDEX for t, m in zip(ids, out["assistant_masks"])]
+    return ids, labels
+
+
+@pytest.mark.parametrize("name", ["chatml", "jinja"])
+def test_multi_turn_ids_and_labels_match_apply_chat_template(tokenizer, name):
+    enc = get_template(name, tokenizer).encode({"messages": CONVERSATION})
+    ids, labels = reference(tokenizer, CONVERSATION)
+    assert enc.input_ids == ids
+    assert enc.labels == labels
+    assert sum(label != IGNORE_INDEX for label in enc.labels) > 4
+
+
+def test_llama3_matches_its_jinja_reference(tokenizer):
+    enc = get_template("llama3", tokenizer).encode({"messages": CONVERSATION})
+    ids, labels = reference(tokenizer, CONVERSATION, LLAMA3_JINJA)
+    assert enc.input_ids == ids
+    assert enc.labels == labels
+
+
+def test_generation_prompt_matches(tokenizer):
+    prompt = CONVERSATION[:4]
+    expected = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True, return_dict=True)
+    for name in ("chatml", "jinja"):
+        assert get_template(name, tokenizer).encode_prompt(prompt) == list(expected["input_ids"])
+
+
+def test_last_round_and_all(tokenizer):
+    default = get_template("chatml", tokenizer).encode({"messages": CONVERSATION})
+    last = get_template("chatml", tokenizer, loss_scale="last_round").encode({"messages": CONVERSATION})
+    every = get_template("chatml", tokenizer, loss_scale="all").encode({"messages": CONVERSATION})
+    first_turn = tokenizer.encode("46<|im_end|>", add_special_tokens=False)
+    trained = [t for t in default.labels if t != IGNORE_INDEX]
+    assert trained[: len(first_turn)] == first_turn
+    assert [t for t in last.labels if t != IGNORE_INDEX] == trained[len(first_turn):]
+    assert every.labels == every.input_ids
+
+
+def test_system_prompt_inserted_once(tokenizer):
+    qwen = get_template("qwen", tokenizer)
+    ids = qwen.encode({"messages": CONVERSATION[1:3]}).input_ids
+    assert tokenizer.decode(ids).startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+    custom = get_template("chatml", tokenizer, system="Answer in digits.")
+    assert "Answer in digits." in tokenizer.decode(custom.encode({"messages": CONVERSATION[1:3]}).input_ids)
+    # a conversation with its own system prompt keeps it
+    assert "Answer in digits." not in tokenizer.decode(custom.encode({"messages": CONVERSATION}).input_ids)
+
+
+def test_truncation_strategies(tokenizer):
+    row = {"messages": CONVERSATION}
+    full = get_template("chatml", tokenizer).encode(row)
+    n = len(full.input_ids) - 5
+    with pytest.raises(RowError, match="exceed --max_length"):
+        get_template("chatml", tokenizer, max_length=n).encode(row)
+    left = get_template("chatml", tokenizer, max_length=n, truncation_strategy="left").encode(row)
+    right = get_template("chatml", tokenizer, max_length=n, truncation_strategy="right").encode(row)
+    assert left.input_ids == full.input_ids[-n:] and left.labels == full.labels[-n:]
+    assert right.input_ids == full.input_ids[:n] and right.labels == full.labels[:n]
+
+
+def test_no_assistant_turn_is_a_row_error(tokenizer):
+    with pytest.raises(RowError, match="no assistant"):
+        get_template("chatml", tokenizer).encode({"messages": CONVERSATION[:2]})
+
+
+def test_raw_text_gets_eos_and_full_loss(tokenizer):
+    enc = get_template("chatml", tokenizer).encode({"text": "12+3=15"})
+    assert enc.input_ids[-1] == tokenizer.eos_token_id
+    assert enc.labels == enc.input_ids
+
+
+def test_infer_template(tokenizer):
+    assert infer_template("qwen2", tokenizer) == "jinja"  # its own chat template wins
+
+    class NoTemplate:
+        chat_template = None
+
+    assert infer_template("qwen2", NoTemplate()) == "qwen"
+    assert infer_template("llama", NoTemplate()) == "llama3"
+    with pytest.raises(Exception, match="--template"):
+        infer_template("gpt2", NoTemplate())
