@@ -21,11 +21,11 @@ swift sft \
     --tuner_type full \
     --dataset builtin:arith-sft \
     --val_dataset builtin:arith-sft:eval \
-    --max_steps 500 \
+    --max_steps 700 \
     --per_device_train_batch_size 128 \
     --learning_rate 3e-3 \
     --warmup_ratio 0.05 \
-    --eval_steps 250 \
+    --eval_steps 350 \
     --predict_with_generate true \
     --generation_max_length 8 \
     --save_strategy no \

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from swift.dataset.loader import DatasetSpec, RowSet, standard_rows
 from swift.template.base import IGNORE_INDEX, RowError, Template
 from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 
@@ -94,8 +95,17 @@ class StreamingDataset(IterableDataset):
                 continue
             yield {"input_ids": enc.input_ids, "labels": enc.labels}
 
+    def _cycle(self, spec: DatasetSpec) -> Iterator[dict]:
+        while True:
+            n = 0
+            for sample in self._samples(spec):
+                n += 1
+                yield sample
+            if n == 0:
+                raise SwiftError(f"dataset '{spec.source}' has no usable rows")
+
     def __iter__(self) -> Iterator[dict]:
-        streams = [itertools.chain.from_iterable(self._samples(s) for s in itertools.repeat(spec)) for spec in self.specs]
+        streams = [self._cycle(spec) for spec in self.specs]
         for stream in itertools.cycle(streams):  # interleave the datasets one sample at a time
             yield next(stream)
 

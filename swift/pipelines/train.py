@@ -28,6 +28,8 @@ logger = get_logger(__name__)
 
 
 class TrainPipeline:
+    trainer_cls = SwiftTrainer
+
     def __init__(self, args: SftArguments):
         self.args = args
 
@@ -41,6 +43,8 @@ class TrainPipeline:
                                             num_labels=a.num_labels)
         if model.dtype == torch.bfloat16:
             a.training_args.bf16 = True
+        if not torch.cuda.is_available():
+            a.training_args.dataloader_pin_memory = False  # pinning needs an accelerator
         name = a.template or infer_template(info.model_type, tokenizer)
         template = get_template(name, tokenizer, system=a.system, max_length=a.max_length,
                                 truncation_strategy=a.truncation_strategy, loss_scale=a.loss_scale)
@@ -92,11 +96,12 @@ class TrainPipeline:
             write_json(args_path, a.to_dict())
             if getattr(a, "config_file", None):
                 shutil.copy(a.config_file, os.path.join(out, os.path.basename(a.config_file)))
-        trainer = SwiftTrainer(
+        trainer = self.trainer_cls(
             model=model, args=a.training_args, train_dataset=train, eval_dataset=val,
             data_collator=Collator(tokenizer.pad_token_id, dtype=model.dtype), processing_class=tokenizer,
             callbacks=[JsonlLogCallback(out), ArgsInCheckpointCallback(args_path)],
         )
+        self.trainer = trainer
         trainer.template = template
         trainer.generation_rows = val_rows
         if a.generation_max_length:
@@ -106,8 +111,10 @@ class TrainPipeline:
             resume = get_last_checkpoint(out)
         train_result = trainer.train(resume_from_checkpoint=resume)
         metrics = dict(train_result.metrics)
-        if val is not None or (a.predict_with_generate and val_rows):
+        if (val is not None or (a.predict_with_generate and val_rows)) and not _evaluated_at(trainer):
             metrics.update(trainer.evaluate())
+        else:
+            metrics.update(_last_eval(trainer))
         trainer.save_model(out)
         checksums = _rank_checksums(trainer.model)
         result = {
@@ -122,6 +129,23 @@ class TrainPipeline:
         if _is_main():
             write_json(os.path.join(out, "result.json"), result)
         return result
+
+
+def _last_eval(trainer) -> dict[str, float]:
+    """The metrics of the most recent evaluation, merged across its log entries."""
+    out: dict[str, float] = {}
+    for entry in trainer.state.log_history:
+        if any(k.startswith("eval_") for k in entry):
+            if entry.get("step") != out.get("_step"):
+                out = {"_step": entry.get("step")}
+            out.update({k: v for k, v in entry.items() if k.startswith("eval_")})
+    out.pop("_step", None)
+    return out
+
+
+def _evaluated_at(trainer) -> bool:
+    steps = [e.get("step") for e in trainer.state.log_history if "eval_loss" in e or "eval_acc" in e]
+    return bool(steps) and steps[-1] == trainer.state.global_step
 
 
 def _is_main() -> bool:

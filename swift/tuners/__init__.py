@@ -1,12 +1,16 @@
 """Tuners: LoRA (peft) and full fine-tuning with optional freezing."""
 from __future__ import annotations
 
+import warnings
+
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from transformers import PreTrainedModel
 
 from swift.utils.logging import get_logger
 
 logger = get_logger(__name__)
+# PEFT looks for the base model's config at its name; the built-in model has no directory to look in.
+warnings.filterwarnings("ignore", message="Could not find a config file in builtin:")
 
 
 def prepare_model(model: PreTrainedModel, args, *, task_type: str = "causal_lm") -> PreTrainedModel:
