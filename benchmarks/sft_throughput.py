@@ -71,7 +71,8 @@ def run_trl(data: str, steps: int, batch: int, max_length: int, packing: bool) -
         config = SFTConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=batch, learning_rate=1e-4,
                            max_length=max_length, packing=packing, assistant_only_loss=True, report_to="none",
                            save_strategy="no", logging_steps=steps, disable_tqdm=True, dataloader_pin_memory=False,
-                           lr_scheduler_type="cosine")
+                           lr_scheduler_type="cosine", bf16=torch.cuda.is_available(),
+                           use_cpu=not torch.cuda.is_available())
         trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
         counter = CountingCollator(trainer.data_collator, tokenizer.pad_token_id)
         trainer.data_collator = counter

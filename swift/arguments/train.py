@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 from transformers import Seq2SeqTrainingArguments
 
 from swift.arguments.base import ComposedArguments
@@ -27,8 +28,12 @@ class TrainingArguments(Seq2SeqTrainingArguments):
     report_to: None | str | list[str] = field(default_factory=lambda: ["tensorboard"], metadata={
         "help": "Trackers: tensorboard (default), wandb, none, ..."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep our encoded columns (do not change)."})
+    use_cpu: bool | None = field(default=None, metadata={"help": "Train on CPU (default: only when no GPU is present)."})
 
     def __post_init__(self) -> None:
+        if self.use_cpu is None:
+            # Accelerate runs multi-process CPU training (gloo) only when told it is on CPU.
+            self.use_cpu = not torch.cuda.is_available()
         if self.learning_rate is None:
             self.learning_rate = 1e-4
         if self.eval_strategy is None:

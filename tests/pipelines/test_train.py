@@ -122,3 +122,5 @@ def test_two_rank_ddp_ends_in_sync(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.load(open(out / "result.json"))
     assert len(result["rank_checksums"]) == 2 and len(set(result["rank_checksums"])) == 1
+    # each rank took its own shard: 4 steps x 4 rows x 2 ranks = half of the 64 rows
+    assert result["metrics"]["epoch"] == 0.5
