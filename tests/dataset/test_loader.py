@@ -70,6 +70,9 @@ def test_bad_rows_dropped_or_strict(tmp_path):
 def test_missing_file_and_offline_hub(tmp_path):
     with pytest.raises(SwiftError, match="no such file"):
         load_rows([str(tmp_path / "nope.jsonl")])
+    with pytest.raises(SwiftError, match="cannot download dataset 'no-org/no-data' from the Hugging Face hub") as err:
+        load_rows(["no-org/no-data#10"], use_hf=True)
+    assert "\n" not in str(err.value)
 
 
 def test_builtin_split_is_deterministic_and_disjoint():
