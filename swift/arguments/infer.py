@@ -1,0 +1,56 @@
+"""Arguments shared by the commands that generate: `swift infer` and `swift deploy`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swift.utils.registry import SwiftError
+
+BACKENDS = ("transformers",)
+
+
+@dataclass
+class GenerationArguments:
+    max_new_tokens: int = field(default=512, metadata={"help": "Most tokens to generate per answer."})
+    temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0 is greedy."})
+    top_k: int = field(default=0, metadata={"help": "Keep the k most likely tokens (0: all)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "Penalty for tokens already present (1: none)."})
+    stop_words: list[str] = field(default_factory=list, metadata={"help": "Stop generating at any of these strings."})
+    logprobs: bool = field(default=False, metadata={"help": "Return the log-probability of each generated token."})
+    top_logprobs: int = field(default=0, metadata={"help": "Also return this many most likely alternatives per token."})
+    seed: int | None = field(default=None, metadata={"help": "Sampling seed (per request)."})
+
+    def request_config(self):
+        from swift.infer.protocol import RequestConfig
+
+        return RequestConfig(max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                             top_k=self.top_k, repetition_penalty=self.repetition_penalty, stop=list(self.stop_words),
+                             logprobs=self.logprobs, top_logprobs=self.top_logprobs, seed=self.seed)
+
+
+@dataclass
+class EngineArguments:
+    infer_backend: str = field(default="transformers", metadata={"help": "Inference engine: transformers."})
+    adapters: list[str] = field(default_factory=list, metadata={
+        "help": "LoRA adapters: DIR (applied to every request) or name=DIR (chosen per request by its model name)."})
+    max_batch_size: int = field(default=32, metadata={"help": "Most sequences decoded together."})
+
+    def __post_init__(self) -> None:
+        if self.infer_backend not in BACKENDS:
+            raise SwiftError(f"--infer_backend {self.infer_backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.max_batch_size < 1:
+            raise SwiftError("--max_batch_size must be at least 1")
+
+    def named_adapters(self) -> dict[str, str]:
+        """`name=path` pairs; a bare path is named after its directory."""
+        import os
+
+        out = {}
+        for spec in self.adapters:
+            name, sep, path = spec.partition("=")
+            if not sep:
+                name, path = os.path.basename(spec.rstrip("/")), spec
+            if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+                raise SwiftError(f"--adapters {spec}: no adapter_config.json in {path}")
+            out[name] = path
+        return out

@@ -1,0 +1,32 @@
+"""Build an engine (or a reward scorer) from model / template / engine arguments."""
+from __future__ import annotations
+
+from peft import PeftModel
+
+from swift.infer.transformers_engine import TransformersEngine
+from swift.model import load_model
+from swift.pipelines.merge_lora import base_model_of
+from swift.template import get_template, infer_template
+from swift.utils.registry import SwiftError
+
+
+def build_engine(args) -> tuple[TransformersEngine, dict[str, str]]:
+    """Return the engine and the adapters it holds ({name: path})."""
+    adapters = args.engine_args.named_adapters()
+    model_id = args.model or (base_model_of(next(iter(adapters.values()))) if adapters else None)
+    if not model_id:
+        raise SwiftError("--model is required (or --adapters, whose base model is then used)")
+    model, tokenizer, info = load_model(model_id, use_hf=args.use_hf, revision=args.model_revision,
+                                        torch_dtype=args.torch_dtype, attn_impl=args.attn_impl)
+    import torch
+
+    if torch.cuda.is_available():
+        model.to("cuda")
+    for i, (name, path) in enumerate(adapters.items()):
+        if i == 0:
+            model = PeftModel.from_pretrained(model, path, adapter_name=name)
+        else:
+            model.load_adapter(path, adapter_name=name)
+    name = args.template or infer_template(info.model_type, tokenizer)
+    template = get_template(name, tokenizer, system=args.system, max_length=args.max_length)
+    return TransformersEngine(model, tokenizer, template, max_batch_size=args.max_batch_size), adapters

@@ -1,0 +1,129 @@
+"""The one inference protocol every generating command uses (DESIGN.md §3).
+
+A request is a conversation (`messages`, optional `tools`), a raw `prompt`, or `input_ids`.
+A response is OpenAI-shaped: choices with text, token ids, finish_reason and optional logprobs,
+plus token usage.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from swift.utils.registry import SwiftError
+
+
+@dataclass
+class InferRequest:
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    input_ids: list[int] | None = None
+    tools: list[dict] | None = None
+    adapter: str | None = None  # name of a LoRA adapter loaded in the engine
+
+    def __post_init__(self) -> None:
+        given = sum(x is not None for x in (self.messages, self.prompt, self.input_ids))
+        if given != 1:
+            raise SwiftError("a request needs exactly one of messages, prompt or input_ids")
+        if self.messages is not None and not self.messages:
+            raise SwiftError("messages must not be empty")
+
+
+@dataclass
+class RequestConfig:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    n: int = 1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            (self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (1 <= self.n <= 128, "n must be between 1 and 128"),
+            (0 <= self.top_logprobs <= 20, "top_logprobs must be between 0 and 20"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise SwiftError(message)
+
+    def batch_key(self) -> tuple:
+        """Requests with equal keys can share a decoding batch."""
+        return (self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.logprobs,
+                self.top_logprobs)
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class InferResponse:
+    choices: list[Choice]
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+@dataclass
+class StreamDelta:
+    """One streamed piece of one choice; the last piece of a choice carries its finish_reason."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+class InferEngine(abc.ABC):
+    """Implementations: TransformersEngine (built in)."""
+
+    max_model_len: int
+
+    @abc.abstractmethod
+    async def infer_async(self, request: InferRequest, config: RequestConfig) -> InferResponse:
+        """Generate for one request; concurrent calls are batched by the engine."""
+
+    @abc.abstractmethod
+    def stream_async(self, request: InferRequest, config: RequestConfig) -> AsyncIterator[StreamDelta]:
+        """Generate for one request, yielding text pieces as tokens are produced."""
+
+    def infer(self, requests: list[InferRequest], config: RequestConfig | None = None) -> list[InferResponse]:
+        """Generate for many requests at once (they share decoding batches)."""
+        config = config or RequestConfig()
+
+        async def run() -> list[InferResponse]:
+            return list(await asyncio.gather(*(self.infer_async(r, config) for r in requests)))
+
+        return asyncio.run(run())
+

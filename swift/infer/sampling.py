@@ -1,0 +1,42 @@
+"""Logits processing and sampling for one decoding step (vectorised over rows that share a config)."""
+from __future__ import annotations
+
+import torch
+
+from swift.infer.protocol import RequestConfig
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: list[list[int]], penalty: float) -> torch.Tensor:
+    """CTRL-style penalty (arXiv 1909.05858): divide positive logits of seen tokens, multiply negative ones."""
+    if penalty == 1.0:
+        return logits
+    logits = logits.clone()
+    for row, tokens in enumerate(seen):
+        idx = torch.tensor(sorted(set(tokens)), dtype=torch.long, device=logits.device)
+        vals = logits[row, idx]
+        logits[row, idx] = torch.where(vals > 0, vals / penalty, vals * penalty)
+    return logits
+
+
+def warp(logits: torch.Tensor, cfg: RequestConfig) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (nucleus) filtering."""
+    logits = logits / cfg.temperature
+    if cfg.top_k > 0 and cfg.top_k < logits.size(-1):
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass before it already reaches top_p (the top token always stays)
+        drop = probs.cumsum(-1) - probs >= cfg.top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+def sample(logits: torch.Tensor, cfg: RequestConfig, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Next token per row: greedy at temperature 0, else a draw from the warped distribution."""
+    if cfg.temperature == 0:
+        return logits.argmax(-1)
+    probs = warp(logits.float(), cfg).softmax(-1)
+    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])

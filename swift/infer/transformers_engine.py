@@ -1,0 +1,256 @@
+"""TransformersEngine: batched generation with a KV cache on any torch device.
+
+A worker thread owns the model. Requests queue up; whenever the worker is free it takes every
+waiting request with a compatible config (up to `max_batch_size` sequences) and decodes them
+together, so a request that arrives while a batch runs joins the next one. Each prompt is
+prefilled once and its KV cache is repeated for its `n` samples. Finished or cancelled rows are
+dropped from the batch at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+import torch
+from transformers import DynamicCache
+
+from swift.infer.protocol import (Choice, InferEngine, InferRequest, InferResponse, RequestConfig, StreamDelta,
+                                  TokenLogprob)
+from swift.infer.sampling import apply_repetition_penalty, sample
+from swift.template.base import Template
+from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class _Job:
+    prompt: list[int]
+    config: RequestConfig
+    adapter: str | None
+    deliver: Callable[[InferResponse | BaseException], None]
+    on_delta: Callable[[StreamDelta], None] | None = None
+    cancelled: bool = False
+    rows: list["_Row"] = field(default_factory=list)
+    delivered: bool = False
+
+
+@dataclass
+class _Row:
+    job: _Job
+    index: int  # choice index within the job
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    sent: int = 0  # characters already streamed
+    finish: str | None = None
+    text: str = ""
+
+
+class TransformersEngine(InferEngine):
+    def __init__(self, model, tokenizer, template: Template, *, max_batch_size: int = 32,
+                 max_model_len: int | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.template = template
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 2048)
+        eos = {tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+        self.eos_ids = {e for e in eos if e is not None}
+        self._pending: deque[_Job] = deque()
+        self._wake = threading.Condition()
+        threading.Thread(target=self._worker, daemon=True, name="swift-engine").start()
+
+    # -- public API ------------------------------------------------------------------------------
+    def encode(self, request: InferRequest) -> list[int]:
+        if request.input_ids is not None:
+            return list(request.input_ids)
+        if request.prompt is not None:
+            return self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+        return self.template.encode_prompt(request.messages, tools=request.tools)
+
+    def check(self, prompt: list[int], config: RequestConfig) -> None:
+        if len(prompt) + config.max_tokens > self.max_model_len:
+            raise SwiftError(f"prompt ({len(prompt)} tokens) + max_tokens ({config.max_tokens}) exceeds the "
+                             f"model's context of {self.max_model_len} tokens")
+
+    def _submit(self, request: InferRequest, config: RequestConfig, deliver, on_delta=None) -> _Job:
+        prompt = self.encode(request)
+        self.check(prompt, config)
+        job = _Job(prompt, config, request.adapter, deliver, on_delta)
+        with self._wake:
+            self._pending.append(job)
+            self._wake.notify()
+        return job
+
+    async def infer_async(self, request: InferRequest, config: RequestConfig) -> InferResponse:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def deliver(result):
+            def settle():
+                if future.done():
+                    return
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+            loop.call_soon_threadsafe(settle)
+
+        job = self._submit(request, config, deliver)
+        try:
+            return await future
+        finally:
+            job.cancelled = True  # no-op when finished; frees the rows if the caller gave up
+
+    async def stream_async(self, request: InferRequest, config: RequestConfig) -> AsyncIterator[StreamDelta]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def deliver(result):
+            if isinstance(result, BaseException):
+                loop.call_soon_threadsafe(queue.put_nowait, result)
+
+        job = self._submit(request, config, deliver, lambda d: loop.call_soon_threadsafe(queue.put_nowait, d))
+        finished = 0
+        try:
+            while finished < config.n:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished += item.finish_reason is not None
+                yield item
+        finally:
+            job.cancelled = True  # a client that disconnects frees its rows
+
+    # -- worker ----------------------------------------------------------------------------------
+    def _next_batch(self) -> list[_Job]:
+        with self._wake:
+            while not self._pending:
+                self._wake.wait()
+            first = self._pending.popleft()
+            batch, rows, rest = [first], first.config.n, deque()
+            key = (first.config.batch_key(), first.adapter)
+            while self._pending:
+                job = self._pending.popleft()
+                if (job.config.batch_key(), job.adapter) == key and rows + job.config.n <= self.max_batch_size:
+                    batch.append(job)
+                    rows += job.config.n
+                else:
+                    rest.append(job)
+            self._pending.extendleft(reversed(rest))
+            return [j for j in batch if not j.cancelled]
+
+    def _worker(self) -> None:
+        while True:
+            jobs = self._next_batch()
+            if not jobs:
+                continue
+            try:
+                self._set_adapter(jobs[0].adapter)
+                with torch.inference_mode():
+                    self._generate(jobs)
+            except Exception as e:  # keep serving: the error goes to the callers of this batch
+                logger.exception("generation failed")
+                for job in jobs:
+                    job.deliver(e)
+
+    def _set_adapter(self, name: str | None) -> None:
+        if hasattr(self.model, "peft_config"):
+            if name is None:
+                self.model.base_model.disable_adapter_layers()
+            else:
+                self.model.base_model.enable_adapter_layers()
+                self.model.set_adapter(name)
+        elif name is not None:
+            raise SwiftError(f"adapter '{name}' requested but the engine has no adapters")
+
+    def _generate(self, jobs: list[_Job]) -> None:
+        device = next(self.model.parameters()).device
+        cfg = jobs[0].config
+        pad = self.tokenizer.pad_token_id
+        width = max(len(j.prompt) for j in jobs)
+        ids = torch.tensor([[pad] * (width - len(j.prompt)) + j.prompt for j in jobs], device=device)
+        mask = torch.tensor([[0] * (width - len(j.prompt)) + [1] * len(j.prompt) for j in jobs], device=device)
+        cache = DynamicCache()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                            use_cache=True).logits[:, -1].float()
+        # one prefill per prompt, repeated for its n samples
+        owner = torch.tensor([i for i, j in enumerate(jobs) for _ in range(j.config.n)], device=device)
+        cache.batch_select_indices(owner)
+        logits, mask, last_pos = logits[owner], mask[owner], positions[owner, -1]
+        for j in jobs:
+            j.rows = [_Row(j, k, _generator(j.config.seed, k, device)) for k in range(j.config.n)]
+        rows = [r for j in jobs for r in j.rows]
+        stop_len = max((len(s) for s in cfg.stop), default=0)
+        while True:
+            scored = apply_repetition_penalty(logits, [r.job.prompt + r.tokens for r in rows], cfg.repetition_penalty)
+            next_tokens = sample(scored, cfg, [r.generator for r in rows])
+            logprobs = torch.log_softmax(logits, -1) if cfg.logprobs else None
+            for i, (row, token) in enumerate(zip(rows, next_tokens.tolist())):
+                self._advance(row, token, logprobs[i] if logprobs is not None else None, stop_len)
+            keep = [i for i, r in enumerate(rows) if r.finish is None and not r.job.cancelled]
+            for job in jobs:
+                self._maybe_deliver(job)
+            if not keep:
+                break
+            if len(keep) < len(rows):
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                mask, last_pos, next_tokens = mask[index], last_pos[index], next_tokens[index]
+                rows = [rows[i] for i in keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            last_pos = last_pos + 1
+            logits = self.model(input_ids=next_tokens[:, None], attention_mask=mask, position_ids=last_pos[:, None],
+                                past_key_values=cache, use_cache=True).logits[:, -1].float()
+
+    def _advance(self, row: _Row, token: int, logprobs: torch.Tensor | None, stop_len: int) -> None:
+        cfg = row.job.config
+        if token in self.eos_ids:
+            row.finish = "stop"
+        else:
+            row.tokens.append(token)
+            if logprobs is not None:
+                row.logprobs.append(self._logprob(token, logprobs, cfg.top_logprobs))
+            row.text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+            hit = min((row.text.find(s) for s in cfg.stop if s in row.text), default=-1)
+            if hit >= 0:
+                row.text, row.finish = row.text[:hit], "stop"
+            elif len(row.tokens) >= cfg.max_tokens:
+                row.finish = "length"
+        if row.job.on_delta is not None:
+            safe = len(row.text) if row.finish else max(row.sent, len(row.text) - max(stop_len - 1, 0))
+            if row.text.endswith("\ufffd") and not row.finish:  # half of a multi-byte character
+                safe = min(safe, len(row.text) - 1)
+            if safe > row.sent or row.finish:
+                row.job.on_delta(StreamDelta(row.index, row.text[row.sent:safe], [token] if token not in self.eos_ids else [],
+                                             row.finish, row.logprobs[-1:] if cfg.logprobs and token not in self.eos_ids else None))
+                row.sent = safe
+
+    def _logprob(self, token: int, logprobs: torch.Tensor, top: int) -> TokenLogprob:
+        tops = []
+        if top:
+            values, indices = logprobs.topk(top)
+            tops = [(self.tokenizer.decode([i]), v) for v, i in zip(values.tolist(), indices.tolist())]
+        return TokenLogprob(self.tokenizer.decode([token]), token, logprobs[token].item(), tops)
+
+    def _maybe_deliver(self, job: _Job) -> None:
+        if job.delivered or job.cancelled or any(r.finish is None for r in job.rows):
+            return
+        job.delivered = True
+        choices = [Choice(r.index, r.text, r.tokens, r.finish, r.logprobs if job.config.logprobs else None)
+                   for r in job.rows]
+        job.deliver(InferResponse(choices, len(job.prompt), sum(len(r.tokens) for r in job.rows)))
+
+
+def _generator(seed: int | None, index: int, device: torch.device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed + index)

@@ -1,0 +1,49 @@
+"""`swift deploy`: serve a model behind an OpenAI-compatible API."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from swift.arguments.base import ComposedArguments
+from swift.arguments.infer import EngineArguments
+from swift.arguments.model import ModelArguments
+from swift.arguments.template import TemplateArguments
+from swift.pipelines.base import resolve_args
+from swift.utils.registry import SwiftError
+
+
+@dataclass
+class ServerArguments:
+    host: str = field(default="127.0.0.1", metadata={"help": "Address to bind (loopback unless told otherwise)."})
+    port: int = field(default=8000, metadata={"help": "Port to listen on."})
+    api_key: str | None = field(default=None, metadata={"help": "Require 'Authorization: Bearer <key>' on /v1 routes."})
+    served_model_name: str | None = field(default=None, metadata={"help": "Model name clients use (default: --model)."})
+    log_level: str = field(default="info", metadata={"help": "uvicorn log level."})
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise SwiftError(f"--port must be in 1..65535, got {self.port}")
+
+
+class DeployArguments(ComposedArguments):
+    """`swift deploy`: an OpenAI-compatible server for a model and its LoRA adapters."""
+
+    parts: ClassVar[dict[str, type]] = {
+        "model_args": ModelArguments,
+        "template_args": TemplateArguments,
+        "engine_args": EngineArguments,
+        "server_args": ServerArguments,
+    }
+
+
+def deploy_main(args: DeployArguments | list[str] | None = None) -> None:
+    import uvicorn
+
+    from swift.deploy.server import create_app
+    from swift.infer.factory import build_engine
+
+    a = resolve_args(DeployArguments, args, "swift deploy")
+    engine, adapters = build_engine(a)
+    name = a.served_model_name or (a.model or "model").rstrip("/").split("/")[-1]
+    app = create_app(engine, name, adapters, a.api_key)
+    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)

@@ -1,0 +1,177 @@
+"""`swift infer`: an interactive terminal chat, or batch inference over a dataset to jsonl."""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tqdm import tqdm
+
+from swift.arguments.base import ComposedArguments
+from swift.arguments.infer import EngineArguments, GenerationArguments
+from swift.arguments.model import ModelArguments
+from swift.arguments.template import TemplateArguments
+from swift.pipelines.base import resolve_args
+from swift.utils.io import write_json
+from swift.utils.registry import SwiftError
+
+COMMANDS = "commands: clear (new conversation), reset-system, multi-line (end input with '#'), exit"
+
+
+@dataclass
+class InferOptions:
+    val_dataset: list[str] = field(default_factory=list, metadata={
+        "help": "Batch mode: run every row of these datasets and write --result_path (no dataset: interactive chat)."})
+    result_path: str | None = field(default=None, metadata={"help": "Batch mode output jsonl (default: infer_result.jsonl)."})
+    metric: str | None = field(default=None, metadata={"help": "Batch mode score per row against the reference: acc or rouge."})
+    stream: bool = field(default=True, metadata={"help": "Interactive mode: print tokens as they are generated."})
+    strict: bool = field(default=False, metadata={"help": "Stop on a bad dataset row instead of dropping it."})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.val_dataset, str):
+            self.val_dataset = [self.val_dataset]
+        if self.metric not in (None, "acc", "rouge"):
+            raise SwiftError(f"--metric {self.metric!r} is not one of acc, rouge")
+
+
+class InferArguments(ComposedArguments):
+    """`swift infer`: interactive chat, or batch inference over --val_dataset."""
+
+    parts: ClassVar[dict[str, type]] = {
+        "model_args": ModelArguments,
+        "template_args": TemplateArguments,
+        "engine_args": EngineArguments,
+        "generation_args": GenerationArguments,
+        "infer_args": InferOptions,
+    }
+
+
+def _adapter(adapters: dict[str, str]) -> str | None:
+    # infer applies the last named adapter to every request
+    return list(adapters)[-1] if adapters else None
+
+
+def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any]:
+    from swift.dataset.loader import load_rows
+    from swift.infer.metrics import METRICS
+    from swift.infer.protocol import InferRequest
+
+    rows = load_rows(a.val_dataset, strict=a.strict)
+    rows.report("val dataset")
+    config = a.generation_args.request_config()
+    path = a.result_path or "infer_result.jsonl"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    score = METRICS.get(a.metric) if a.metric else None
+
+    async def run_all():
+        bar = tqdm(total=len(rows), desc="infer")
+
+        async def one(row):
+            messages = row["messages"]
+            reference = messages[-1]["content"] if messages[-1]["role"] == "assistant" else None
+            prompt = messages[:-1] if reference is not None else messages
+            response = await engine.infer_async(InferRequest(messages=prompt, tools=row.get("tools"), adapter=adapter),
+                                                config)
+            bar.update()
+            return prompt, reference, response
+
+        results = await asyncio.gather(*(one(r) for r in rows.rows))
+        bar.close()
+        return results
+
+    results = asyncio.run(run_all())
+    import json
+
+    total, scored = 0.0, 0
+    with open(path, "w", encoding="utf-8") as f:
+        for prompt, reference, response in results:
+            text = response.choices[0].text
+            line = {"messages": prompt, "response": text, "reference": reference,
+                    "finish_reason": response.choices[0].finish_reason, "usage": response.usage}
+            if score is not None and reference is not None:
+                line[a.metric] = score(text, reference)
+                total += line[a.metric]
+                scored += 1
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    summary = {"result_path": path, "num_rows": len(results)}
+    if score is not None:
+        summary[a.metric] = total / max(scored, 1)
+    write_json(os.path.splitext(path)[0] + "_summary.json", summary)
+    print(json.dumps(summary))
+    return summary
+
+
+def _read_query(multi_line: bool) -> str:
+    if not multi_line:
+        return input("<<< ")
+    lines = []
+    prompt = "<<<[M] "
+    while True:
+        line = input(prompt)
+        prompt = ""
+        if line.endswith("#"):
+            lines.append(line[:-1])
+            return "\n".join(lines)
+        lines.append(line)
+
+
+def interactive(a: InferArguments, engine, adapter: str | None) -> dict[str, Any]:
+    from swift.infer.protocol import InferRequest
+
+    config = a.generation_args.request_config()
+    system = a.system
+    history: list[dict] = []
+    multi_line = False
+    print(COMMANDS, flush=True)
+    while True:
+        try:
+            query = _read_query(multi_line)
+        except EOFError:
+            break
+        command = query.strip()
+        if command == "exit":
+            break
+        if command == "clear":
+            history = []
+            print("(conversation cleared)", flush=True)
+            continue
+        if command == "reset-system":
+            system = input("new system prompt: ")
+            history = []
+            continue
+        if command == "multi-line":
+            multi_line = True
+            print("(multi-line mode: end your input with '#')", flush=True)
+            continue
+        if not command:
+            continue
+        history.append({"role": "user", "content": query})
+        messages = ([{"role": "system", "content": system}] if system else []) + history
+        request = InferRequest(messages=messages, adapter=adapter)
+        print(">>> ", end="", flush=True)
+        if a.stream:
+            async def run() -> str:
+                parts = []
+                async for delta in engine.stream_async(request, config):
+                    print(delta.text, end="", flush=True)
+                    parts.append(delta.text)
+                return "".join(parts)
+
+            answer = asyncio.run(run())
+        else:
+            answer = engine.infer([request], config)[0].choices[0].text
+            print(answer, end="")
+        print(flush=True)
+        history.append({"role": "assistant", "content": answer})
+    return {"turns": len(history) // 2}
+
+
+def infer_main(args: InferArguments | list[str] | None = None) -> dict[str, Any]:
+    from swift.infer.factory import build_engine
+
+    a = resolve_args(InferArguments, args, "swift infer")
+    engine, adapters = build_engine(a)
+    if a.val_dataset:
+        return batch_infer(a, engine, _adapter(adapters))
+    return interactive(a, engine, _adapter(adapters))
