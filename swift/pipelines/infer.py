@@ -109,6 +109,8 @@ def _read_query(multi_line: bool) -> str:
     prompt = "<<<[M] "
     while True:
         line = input(prompt)
+        if prompt and line.strip() in ("exit", "clear", "reset-system", "multi-line"):
+            return line  # commands still work as the first line of a multi-line input
         prompt = ""
         if line.endswith("#"):
             lines.append(line[:-1])

@@ -1,0 +1,154 @@
+"""`swift deploy` as a real process on loopback, driven by the official openai client."""
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from swift import sft_main
+from tests.conftest import train_argv
+
+API_KEY = "sk-test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    adapter = tmp_path_factory.mktemp("adapter")
+    sft_main(train_argv(adapter, "--learning_rate", "5e-2", "--max_steps", "3"))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "swift", "deploy", "--model", "builtin:tiny-chat",
+                             "--served_model_name", "tiny", "--adapters", f"arith={adapter}", "--port", str(port),
+                             "--api_key", API_KEY], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(base + "/health", timeout=1)
+            break
+        except OSError:
+            assert proc.poll() is None, "server exited"
+            time.sleep(0.5)
+    yield base
+    proc.terminate()
+    proc.wait(10)
+
+
+def client(base):
+    return openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def post(base, path, body: bytes, key=API_KEY):
+    req = urllib.request.Request(base + path, data=body, headers={"Authorization": f"Bearer {key}",
+                                                                   "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_models_and_chat(server):
+    c = client(server)
+    assert [m.id for m in c.models.list().data] == ["tiny", "arith"]
+    r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "12+34="}], max_tokens=5,
+                                  temperature=0, logprobs=True, top_logprobs=2, n=2)
+    assert len(r.choices) == 2 and r.choices[0].message.content == r.choices[1].message.content
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.total_tokens > r.usage.prompt_tokens
+    assert len(r.choices[0].logprobs.content[0].top_logprobs) == 2
+
+
+def test_adapter_is_chosen_by_model_name(server):
+    c = client(server)
+    ask = dict(messages=[{"role": "user", "content": "12+34="}], max_tokens=6, temperature=0, seed=0)
+    base = c.chat.completions.create(model="tiny", **ask).choices[0].message.content
+    tuned = c.chat.completions.create(model="arith", **ask).choices[0].message.content
+    assert base != tuned
+
+
+def test_streaming_and_completions(server):
+    c = client(server)
+    stream = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                       temperature=0, stream=True)
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    full = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                     temperature=0).choices[0].message.content
+    assert text == full and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    r = c.completions.create(model="tiny", prompt="12+34=", max_tokens=4, temperature=0, logprobs=1)
+    assert r.object == "text_completion" and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_async_client(server):
+    async def run():
+        c = openai.AsyncOpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0)
+        rs = await asyncio.gather(*(c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"{i}+1="}], max_tokens=4) for i in range(8)))
+        await c.close()
+        return rs
+
+    assert all(r.choices[0].message.content is not None for r in asyncio.run(run()))
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10 ** 6}, 400, None),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
+    ({"model": "tiny", "messages": []}, 400, "messages"),
+])
+def test_bad_requests_get_4xx_json(server, body, status, param):
+    code, answer = post(server, "/v1/chat/completions", json.dumps(body).encode())
+    assert code == status and answer["error"]["param"] == param and answer["error"]["message"]
+
+
+def test_malformed_json_and_api_key(server):
+    code, answer = post(server, "/v1/chat/completions", b"{not json")
+    assert code == 400 and "not valid JSON" in answer["error"]["message"]
+    code, answer = post(server, "/v1/models", b"", key="wrong")
+    assert code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert urllib.request.urlopen(server + "/health").status == 200  # still serving
+
+
+def test_client_disconnect_mid_stream_frees_the_slot(server):
+    c = client(server)
+    stream = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go"}], max_tokens=400,
+                                       temperature=1.0, stream=True)
+    next(iter(stream))
+    stream.close()
+    r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_load_200_requests_at_concurrency_16(server):
+    async def run():
+        c = openai.AsyncOpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        gate = asyncio.Semaphore(16)
+
+        async def one(i):
+            async with gate:
+                r = await c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{i}+{i}="}],
+                                                    max_tokens=16, temperature=0.7, seed=i)
+                return r.choices[0].finish_reason, r.usage.completion_tokens
+
+        out = await asyncio.gather(*(one(i) for i in range(200)), return_exceptions=True)
+        await c.close()
+        return out
+
+    results = asyncio.run(run())
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors[:3]
+    assert all(reason in ("stop", "length") and (reason == "stop" or tokens == 16) for reason, tokens in results)

@@ -1,0 +1,92 @@
+import asyncio
+
+import pytest
+import torch
+
+from swift.infer import InferRequest, RequestConfig, TransformersEngine
+from swift.template import get_template
+from swift.utils.registry import SwiftError
+
+PROMPTS = ["12+34=", "hello there", "7+5=", "a much longer prompt than the others, to force left padding"]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    model, tokenizer, _ = tiny
+    return TransformersEngine(model, tokenizer, get_template("chatml", tokenizer), max_batch_size=16)
+
+
+def chat(text):
+    return InferRequest(messages=[{"role": "user", "content": text}])
+
+
+def test_greedy_matches_hf_generate(engine, tiny):
+    model, tokenizer, _ = tiny
+    responses = engine.infer([chat(p) for p in PROMPTS], RequestConfig(max_tokens=12))
+    for prompt, response in zip(PROMPTS, responses):
+        ids = torch.tensor([engine.template.encode_prompt([{"role": "user", "content": prompt}])])
+        expected = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                                  pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        expected = [t for t in expected if t != tokenizer.eos_token_id]
+        assert response.choices[0].token_ids == expected
+        assert response.prompt_tokens == ids.shape[1]
+        assert response.choices[0].finish_reason == ("length" if len(expected) == 12 else "stop")
+
+
+def test_n_samples_share_prefill_and_seed_is_reproducible(engine):
+    config = RequestConfig(max_tokens=8, temperature=1.0, n=4, seed=7)
+    a = engine.infer([chat("12+34=")], config)[0]
+    b = engine.infer([chat("12+34=")], config)[0]
+    assert len(a.choices) == 4 and [c.index for c in a.choices] == [0, 1, 2, 3]
+    assert [c.token_ids for c in a.choices] == [c.token_ids for c in b.choices]
+    assert len({tuple(c.token_ids) for c in a.choices}) > 1  # the untrained model is nearly uniform
+    assert a.completion_tokens == sum(len(c.token_ids) for c in a.choices)
+
+
+def test_stop_words_and_length(engine):
+    free = engine.infer([chat("7+5=")], RequestConfig(max_tokens=20))[0].choices[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 20
+    stop = free.text[3:5]
+    cut = engine.infer([chat("7+5=")], RequestConfig(max_tokens=20, stop=[stop]))[0].choices[0]
+    assert cut.finish_reason == "stop" and cut.text == free.text[: free.text.find(stop)]
+
+
+def test_logprobs_match_a_manual_forward(engine, tiny):
+    model, _, _ = tiny
+    choice = engine.infer([chat("hi")], RequestConfig(max_tokens=3, logprobs=True, top_logprobs=3))[0].choices[0]
+    ids = engine.template.encode_prompt([{"role": "user", "content": "hi"}])
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + choice.token_ids])).logits[0, len(ids) - 1:-1]
+    expected = torch.log_softmax(logits.float(), -1)
+    for step, lp in enumerate(choice.logprobs):
+        assert lp.logprob == pytest.approx(expected[step, lp.token_id].item(), abs=1e-4)
+        assert len(lp.top_logprobs) == 3 and lp.top_logprobs[0][1] >= lp.logprob - 1e-6
+
+
+def test_concurrent_requests_all_complete(engine):
+    async def run():
+        return await asyncio.gather(*(engine.infer_async(chat(f"{i}+{i}="), RequestConfig(max_tokens=6))
+                                      for i in range(24)))
+
+    responses = asyncio.run(run())
+    assert len(responses) == 24 and all(r.choices[0].finish_reason in ("stop", "length") for r in responses)
+
+
+def test_streaming_concatenates_to_the_full_text(engine):
+    async def run():
+        pieces, finish = [], None
+        async for delta in engine.stream_async(chat("12+34="), RequestConfig(max_tokens=10)):
+            pieces.append(delta.text)
+            finish = delta.finish_reason or finish
+        return "".join(pieces), finish
+
+    text, finish = asyncio.run(run())
+    assert text == engine.infer([chat("12+34=")], RequestConfig(max_tokens=10))[0].choices[0].text
+    assert finish in ("stop", "length")
+
+
+def test_context_overflow_is_a_clear_error(engine):
+    with pytest.raises(SwiftError, match="exceeds the model's context of 512 tokens"):
+        engine.infer([chat("hi")], RequestConfig(max_tokens=100_000))
+    with pytest.raises(SwiftError, match="temperature must be >= 0"):
+        RequestConfig(temperature=-1)
