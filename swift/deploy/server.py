@@ -16,6 +16,23 @@ from swift.utils.registry import SwiftError
 logger = get_logger(__name__)
 
 
+async def sse(engine: TransformersEngine, infer_request, config, model: str, chat: bool):
+    """Server-sent events: one chunk per streamed piece, then `data: [DONE]`."""
+    cid = api.new_id("chatcmpl" if chat else "cmpl")
+    first = set()
+    try:
+        async for delta in engine.stream_async(infer_request, config):
+            if chat:
+                chunk = api.chat_chunk(cid, model, delta, delta.index not in first)
+                first.add(delta.index)
+            else:
+                chunk = api.completion_chunk(cid, model, delta)
+            yield f"data: {json.dumps(chunk)}\n\n"
+    except SwiftError as e:
+        yield f"data: {json.dumps(RequestError(str(e)).body())}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 def create_app(engine: TransformersEngine, served_model_name: str, adapters: dict[str, str] | None = None,
                api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="swift deploy")
@@ -70,28 +87,13 @@ def create_app(engine: TransformersEngine, served_model_name: str, adapters: dic
             if body.get("stream"):
                 prompt = engine.encode(infer_request)
                 engine.check(prompt, config)
-                return StreamingResponse(stream(infer_request, config, model, chat), media_type="text/event-stream")
+                return StreamingResponse(sse(engine, infer_request, config, model, chat), media_type="text/event-stream")
             result = await engine.infer_async(infer_request, config)
         except RequestError as e:
             return error(e)
         except SwiftError as e:
             return error(RequestError(str(e)))
         return api.chat_response(model, result) if chat else api.completion_response(model, result)
-
-    async def stream(infer_request, config, model: str, chat: bool):
-        cid = api.new_id("chatcmpl" if chat else "cmpl")
-        first = set()
-        try:
-            async for delta in engine.stream_async(infer_request, config):
-                if chat:
-                    chunk = api.chat_chunk(cid, model, delta, delta.index not in first)
-                    first.add(delta.index)
-                else:
-                    chunk = api.completion_chunk(cid, model, delta)
-                yield f"data: {json.dumps(chunk)}\n\n"
-        except SwiftError as e:
-            yield f"data: {json.dumps(RequestError(str(e)).body())}\n\n"
-        yield "data: [DONE]\n\n"
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
