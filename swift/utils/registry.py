@@ -65,6 +65,3 @@ class Registry(Generic[T]):
     def __repr__(self) -> str:  # pragma: no cover
         return f"Registry({self.kind}: {sorted(self._items)})"
 
-
-def lookup(registry: Registry[Any], name: str) -> Any:
-    return registry.get(name)
