@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server of `swift deploy` (FastAPI + uvicorn)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -9,6 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from swift.deploy import openai_api as api
 from swift.deploy.openai_api import RequestError
+from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
@@ -33,8 +35,9 @@ async def sse(engine: TransformersEngine, infer_request, config, model: str, cha
     yield "data: [DONE]\n\n"
 
 
-def create_app(engine: TransformersEngine, served_model_name: str, adapters: dict[str, str] | None = None,
-               api_key: str | None = None) -> FastAPI:
+def create_app(served_model_name: str, *, engine: TransformersEngine | None = None, scorer: RewardScorer | None = None,
+               adapters: dict[str, str] | None = None, api_key: str | None = None) -> FastAPI:
+    """Generation routes need `engine`; reward routes need `scorer` (a seq_cls model)."""
     app = FastAPI(title="swift deploy")
     models = [served_model_name, *(adapters or {})]
 
@@ -44,7 +47,7 @@ def create_app(engine: TransformersEngine, served_model_name: str, adapters: dic
     @app.middleware("http")
     async def guard(request: Request, call_next):
         start = time.time()
-        if api_key and request.url.path.startswith("/v1") and \
+        if api_key and request.url.path != "/health" and \
                 request.headers.get("authorization") != f"Bearer {api_key}":
             response = error(RequestError("invalid or missing API key", status=401, code="invalid_api_key"))
         else:
@@ -79,6 +82,8 @@ def create_app(engine: TransformersEngine, served_model_name: str, adapters: dic
 
     async def complete(request: Request, chat: bool):
         try:
+            if engine is None:
+                raise RequestError("this server hosts a reward model (--task_type seq_cls); use POST /v1/rewards")
             body = await read_body(request)
             adapter = pick_adapter(body)
             infer_request = api.chat_request(body, adapter) if chat else api.completion_request(body, adapter)
@@ -103,4 +108,47 @@ def create_app(engine: TransformersEngine, served_model_name: str, adapters: dic
     async def completions(request: Request):
         return await complete(request, chat=False)
 
+    async def rewards(texts_of) -> list[float]:
+        if scorer is None:
+            raise RequestError("this server hosts a generative model; start it with --task_type seq_cls for rewards")
+        return await asyncio.to_thread(scorer.score, texts_of(scorer))
+
+    @app.post("/v1/rewards")
+    async def v1_rewards(request: Request):
+        """{"messages": [[...], ...]} or {"input": [text, ...]} -> one reward per item."""
+        try:
+            body = await read_body(request)
+            pick_adapter(body)
+            if isinstance(body.get("messages"), list) and body["messages"]:
+                conversations = body["messages"]
+                if isinstance(conversations[0], dict):
+                    conversations = [conversations]
+                requests = [api.chat_request({"messages": m}, None) for m in conversations]
+                values = await rewards(lambda s: [s.render(r.messages) for r in requests])
+            else:
+                values = await rewards(lambda s: _texts(body, "input"))
+        except RequestError as e:
+            return error(e)
+        return {"object": "list", "model": body.get("model") or served_model_name, "rewards": values,
+                "data": [{"object": "reward", "index": i, "reward": v} for i, v in enumerate(values)]}
+
+    @app.post("/get_reward")
+    async def get_reward(request: Request):
+        """OpenRLHF's remote reward model protocol: {"query": [text, ...]} -> {"rewards": [...]}."""
+        try:
+            body = await read_body(request)
+            values = await rewards(lambda s: _texts(body, "query"))
+        except RequestError as e:
+            return error(e)
+        return {"rewards": values, "scores": values}
+
     return app
+
+
+def _texts(body: dict, key: str) -> list[str]:
+    texts = body.get(key)
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise RequestError(f"'{key}' must be a non-empty list of strings", key)
+    return texts

@@ -1,8 +1,10 @@
 """Build an engine (or a reward scorer) from model / template / engine arguments."""
 from __future__ import annotations
 
+import torch
 from peft import PeftModel
 
+from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
 from swift.model import load_model
 from swift.pipelines.merge_lora import base_model_of
@@ -10,16 +12,15 @@ from swift.template import get_template, infer_template
 from swift.utils.registry import SwiftError
 
 
-def build_engine(args) -> tuple[TransformersEngine, dict[str, str]]:
-    """Return the engine and the adapters it holds ({name: path})."""
+def load_for_serving(args, task_type: str = "causal_lm"):
+    """Model (with its LoRA adapters), tokenizer, template and the adapters ({name: path})."""
     adapters = args.engine_args.named_adapters()
     model_id = args.model or (base_model_of(next(iter(adapters.values()))) if adapters else None)
     if not model_id:
         raise SwiftError("--model is required (or --adapters, whose base model is then used)")
     model, tokenizer, info = load_model(model_id, use_hf=args.use_hf, revision=args.model_revision,
-                                        torch_dtype=args.torch_dtype, attn_impl=args.attn_impl)
-    import torch
-
+                                        torch_dtype=args.torch_dtype, attn_impl=args.attn_impl, task_type=task_type,
+                                        num_labels=args.num_labels)
     if torch.cuda.is_available():
         model.to("cuda")
     for i, (name, path) in enumerate(adapters.items()):
@@ -29,4 +30,18 @@ def build_engine(args) -> tuple[TransformersEngine, dict[str, str]]:
             model.load_adapter(path, adapter_name=name)
     name = args.template or infer_template(info.model_type, tokenizer)
     template = get_template(name, tokenizer, system=args.system, max_length=args.max_length)
+    return model, tokenizer, template, adapters
+
+
+def build_engine(args) -> tuple[TransformersEngine, dict[str, str]]:
+    """Return the generation engine and the adapters it holds ({name: path})."""
+    model, tokenizer, template, adapters = load_for_serving(args)
     return TransformersEngine(model, tokenizer, template, max_batch_size=args.max_batch_size), adapters
+
+
+def build_scorer(args) -> RewardScorer:
+    """A reward model (`--task_type seq_cls`) for the reward routes of `swift deploy`."""
+    model, tokenizer, template, adapters = load_for_serving(args, task_type="seq_cls")
+    if adapters:
+        model = model.merge_and_unload()
+    return RewardScorer(model, tokenizer, template, max_batch_size=args.max_batch_size, max_length=args.max_length)

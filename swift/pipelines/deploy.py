@@ -40,10 +40,13 @@ def deploy_main(args: DeployArguments | list[str] | None = None) -> None:
     import uvicorn
 
     from swift.deploy.server import create_app
-    from swift.infer.factory import build_engine
+    from swift.infer.factory import build_engine, build_scorer
 
     a = resolve_args(DeployArguments, args, "swift deploy")
-    engine, adapters = build_engine(a)
     name = a.served_model_name or (a.model or "model").rstrip("/").split("/")[-1]
-    app = create_app(engine, name, adapters, a.api_key)
+    if a.task_type == "seq_cls":
+        app = create_app(name, scorer=build_scorer(a), api_key=a.api_key)
+    else:
+        engine, adapters = build_engine(a)
+        app = create_app(name, engine=engine, adapters=adapters, api_key=a.api_key)
     uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)

@@ -1,11 +1,6 @@
 """`swift deploy` as a real process on loopback, driven by the official openai client."""
 import asyncio
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -14,36 +9,18 @@ import pytest
 
 from swift import sft_main
 from tests.conftest import train_argv
+from tests.deploy.serving import deploy
 
 API_KEY = "sk-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     adapter = tmp_path_factory.mktemp("adapter")
     sft_main(train_argv(adapter, "--learning_rate", "5e-2", "--max_steps", "3"))
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "swift", "deploy", "--model", "builtin:tiny-chat",
-                             "--served_model_name", "tiny", "--adapters", f"arith={adapter}", "--port", str(port),
-                             "--api_key", API_KEY], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(base + "/health", timeout=1)
-            break
-        except OSError:
-            assert proc.poll() is None, "server exited"
-            time.sleep(0.5)
-    yield base
-    proc.terminate()
-    proc.wait(10)
+    with deploy("--model", "builtin:tiny-chat", "--served_model_name", "tiny", "--adapters", f"arith={adapter}",
+                "--api_key", API_KEY) as base:
+        yield base
 
 
 def client(base):

@@ -1,0 +1,56 @@
+"""`swift deploy --task_type seq_cls`: the reward routes training uses as a remote reward."""
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from swift.model import load_model
+from swift.template import get_template
+from tests.deploy.serving import deploy
+
+
+def post(base, path, body):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def reward_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rm")
+    model, tokenizer, _ = load_model("builtin:tiny-chat", task_type="seq_cls")
+    torch.nn.init.normal_(model.score.weight, std=1.0)  # a value head that separates texts clearly
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def reference(path, texts):
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        return [model(**tokenizer(t, return_tensors="pt", add_special_tokens=False)).logits[0, 0].item() for t in texts]
+
+
+def test_reward_routes_match_the_model(reward_model):
+    texts = ["07+45=52", "a longer text that is certainly different", "x"]
+    conversation = [{"role": "user", "content": "07+45="}, {"role": "assistant", "content": "52"}]
+    tokenizer = AutoTokenizer.from_pretrained(reward_model)
+    rendered = get_template("jinja", tokenizer).render(conversation)[0]
+    with deploy("--model", reward_model, "--task_type", "seq_cls", "--served_model_name", "rm") as base:
+        code, openrlhf = post(base, "/get_reward", {"query": texts})
+        assert code == 200
+        assert openrlhf["rewards"] == pytest.approx(reference(reward_model, texts), abs=1e-4)
+        code, v1 = post(base, "/v1/rewards", {"model": "rm", "messages": [conversation]})
+        assert code == 200 and v1["rewards"] == pytest.approx(reference(reward_model, [rendered]), abs=1e-4)
+        assert v1["data"][0]["reward"] == v1["rewards"][0]
+        code, bad = post(base, "/get_reward", {"query": []})
+        assert code == 400 and bad["error"]["param"] == "query"
+        code, chat = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        assert code == 400 and "reward model" in chat["error"]["message"]
