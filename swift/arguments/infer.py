@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from swift.utils.registry import SwiftError
 
-BACKENDS = ("transformers",)
+BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
@@ -30,10 +30,15 @@ class GenerationArguments:
 
 @dataclass
 class EngineArguments:
-    infer_backend: str = field(default="transformers", metadata={"help": "Inference engine: transformers."})
+    infer_backend: str = field(default="transformers", metadata={
+        "help": "Inference engine: transformers (built in) or vllm (the [vllm] extra)."})
     adapters: list[str] = field(default_factory=list, metadata={
         "help": "LoRA adapters: DIR (applied to every request) or name=DIR (chosen per request by its model name)."})
     max_batch_size: int = field(default=32, metadata={"help": "Most sequences decoded together."})
+    vllm_gpu_memory_utilization: float | None = field(default=None, metadata={
+        "help": "vLLM: fraction of GPU memory (of RAM on CPU) to reserve; default 0.9 on GPU, 0.2 on CPU."})
+    vllm_max_model_len: int | None = field(default=None, metadata={"help": "vLLM: context length (default: the model's)."})
+    vllm_enforce_eager: bool = field(default=False, metadata={"help": "vLLM: disable CUDA graphs."})
 
     def __post_init__(self) -> None:
         if self.infer_backend not in BACKENDS:

