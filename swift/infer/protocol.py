@@ -28,6 +28,10 @@ class InferRequest:
             raise SwiftError("a request needs exactly one of messages, prompt or input_ids")
         if self.messages is not None and not self.messages:
             raise SwiftError("messages must not be empty")
+        if self.prompt is not None and not self.prompt:
+            raise SwiftError("prompt must not be empty")
+        if self.input_ids is not None and not self.input_ids:
+            raise SwiftError("input_ids must not be empty")
 
 
 @dataclass

@@ -115,7 +115,9 @@ def test_killed_run_resumes_to_identical_weights(tmp_path):
 
 
 def test_two_rank_ddp_ends_in_sync(tmp_path):
-    env = {**os.environ, "NPROC_PER_NODE": "2", "MASTER_PORT": "29531", "OMP_NUM_THREADS": "1"}
+    from tests.deploy.serving import free_port
+
+    env = {**os.environ, "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     out = tmp_path / "ddp"
     proc = subprocess.run([sys.executable, "-m", "swift", "sft", *train_argv(out, "--tuner_type", "full")],
                           env=env, capture_output=True, text=True, timeout=600)
