@@ -32,3 +32,20 @@ def arith_sft(split: str = "train") -> list[dict]:
 def arith_pt(split: str = "train") -> list[dict]:
     """Raw text rows 'aa+bb=c' for pre-training."""
     return [{"text": f"{a:02d}+{b:02d}={a + b}"} for a, b in _pairs(split)]
+
+
+@BUILTIN_DATASETS.register("arith-dpo")
+def arith_dpo(split: str = "train") -> list[dict]:
+    """Preference rows: the true sum is chosen, a different number in 0..198 is rejected.
+
+    The rule is learnable from surface features long before full addition is (the units digit of
+    the sum alone tells most pairs apart), so DPO's held-out preference accuracy rises quickly.
+    """
+    rows = []
+    for a, b in _pairs(split):
+        h = hashlib.md5(f"dpo:{a}+{b}".encode()).digest()
+        wrong = (a + b + 1 + int.from_bytes(h[:2], "big") % 198) % 199  # never equals a + b
+        rows.append({"messages": [{"role": "user", "content": f"{a:02d}+{b:02d}="},
+                                  {"role": "assistant", "content": str(a + b)}],
+                     "rejected_response": str(wrong)})
+    return rows

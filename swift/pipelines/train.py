@@ -68,7 +68,7 @@ class TrainPipeline:
                 train_rows, val_rows = split_rows(train_rows, a.split_dataset_ratio, seed)
             else:
                 val_rows = RowSet()
-            samples = encode_rows(train_rows, template, strict=a.strict, desc="encode train")
+            samples = self.encode(train_rows, template, "encode train")
             train_rows.report("train dataset")
             if not samples:
                 raise SwiftError("no training samples left after encoding; see the dropped-row report above")
@@ -78,10 +78,20 @@ class TrainPipeline:
             train = ListDataset(samples)
         val = None
         if len(val_rows):
-            val_samples = encode_rows(val_rows, template, strict=a.strict, desc="encode val")
+            val_samples = self.encode(val_rows, template, "encode val")
             val_rows.report("val dataset")
             val = ListDataset(val_samples) if val_samples else None
         return train, val, val_rows.rows
+
+    def encode(self, rowset: RowSet, template, desc: str) -> list[dict]:
+        return encode_rows(rowset, template, strict=self.args.strict, desc=desc)
+
+    def collator(self, tokenizer, model):
+        return Collator(tokenizer.pad_token_id, dtype=model.dtype)
+
+    def trainer_kwargs(self, model) -> dict[str, Any]:
+        """Extra keyword arguments for `trainer_cls` (e.g. a reference model)."""
+        return {}
 
     # -- run -------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -89,6 +99,7 @@ class TrainPipeline:
         set_seed(a.seed)
         model, tokenizer, template, info = self.load()
         train, val, val_rows = self.datasets(template)
+        extra = self.trainer_kwargs(model)  # before the tuner wraps the model (a frozen copy may be taken)
         model = prepare_model(model, a.tuner_args, task_type=a.task_type)
         out = a.output_dir
         args_path = os.path.join(out, "args.json")
@@ -98,8 +109,8 @@ class TrainPipeline:
                 shutil.copy(a.config_file, os.path.join(out, os.path.basename(a.config_file)))
         trainer = self.trainer_cls(
             model=model, args=a.training_args, train_dataset=train, eval_dataset=val,
-            data_collator=Collator(tokenizer.pad_token_id, dtype=model.dtype), processing_class=tokenizer,
-            callbacks=[JsonlLogCallback(out), ArgsInCheckpointCallback(args_path)],
+            data_collator=self.collator(tokenizer, model), processing_class=tokenizer,
+            callbacks=[JsonlLogCallback(out), ArgsInCheckpointCallback(args_path)], **extra,
         )
         self.trainer = trainer
         trainer.template = template

@@ -1,0 +1,1 @@
+"""Preference-alignment losses: one file per algorithm, pure tensor functions."""

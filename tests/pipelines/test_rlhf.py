@@ -1,0 +1,59 @@
+"""`swift rlhf --rlhf_type dpo` end to end on the built-in model."""
+import json
+import os
+
+import pytest
+import torch
+
+from swift.dataset.loader import load_rows
+from swift.model import load_model
+from swift.pipelines.rlhf import PairCollator, encode_pair, rlhf_main
+from swift.template import IGNORE_INDEX, get_template
+from swift.utils.registry import SwiftError
+from tests.conftest import train_argv
+
+
+def read_log(out):
+    with open(os.path.join(out, "logging.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_pair_encoding_and_collation(tokenizer):
+    template = get_template("chatml", tokenizer, loss_scale="last_round")
+    row = load_rows(["builtin:arith-dpo#1"]).rows[0]
+    pair = encode_pair(template, row)
+    chosen = [t for t in pair["chosen_labels"] if t != IGNORE_INDEX]
+    rejected = [t for t in pair["rejected_labels"] if t != IGNORE_INDEX]
+    assert tokenizer.decode(chosen) == row["messages"][-1]["content"] + "<|im_end|>"
+    assert tokenizer.decode(rejected) == row["rejected_response"] + "<|im_end|>"
+    batch = PairCollator(tokenizer.pad_token_id)([pair, pair])
+    assert batch["input_ids"].shape[0] == 4 and torch.equal(batch["input_ids"][0], batch["input_ids"][1])
+
+
+@pytest.mark.parametrize("tuner", ["lora", "full"])
+def test_dpo_learns_a_small_preference_set(tmp_path, tuner):
+    out = tmp_path / tuner
+    lr = "5e-3" if tuner == "lora" else "1e-3"
+    result = rlhf_main(train_argv(out, "--dataset", "builtin:arith-dpo#16", "--tuner_type", tuner,
+                                  "--learning_rate", lr, "--max_steps", "30", "--per_device_train_batch_size", "8",
+                                  "--beta", "0.5", "--rpo_alpha", "0.1"))
+    logs = [r for r in read_log(out) if "loss" in r]
+    assert logs[-1]["rewards/accuracies"] == 1.0 and logs[-1]["rewards/margins"] > logs[0]["rewards/margins"]
+    assert sum(r["loss"] for r in logs[-5:]) / 5 < logs[0]["loss"] - 0.2
+    assert result["global_step"] == 30
+
+
+def test_lora_reference_is_the_policy_without_adapters(tmp_path):
+    """At step 0 the implicit rewards are exactly zero: the reference is the same weights with adapters off."""
+    out = tmp_path / "zero"
+    rlhf_main(train_argv(out, "--dataset", "builtin:arith-dpo#8", "--max_steps", "1",
+                         "--per_device_train_batch_size", "8", "--learning_rate", "1e-9"))
+    first = read_log(out)[0]
+    assert first["rewards/chosen"] == pytest.approx(0.0, abs=1e-6) and first["loss"] == pytest.approx(0.6931, abs=1e-3)
+
+
+def test_rows_without_rejected_are_reported(tmp_path):
+    with pytest.raises(SwiftError, match="no rejected response"):
+        rlhf_main(train_argv(tmp_path, "--dataset", "builtin:arith-sft#4", "--strict", "true"))
+    with pytest.raises(SwiftError, match="--loss_type|unknown DPO loss type 'sigmod'"):
+        rlhf_main(train_argv(tmp_path, "--dataset", "builtin:arith-dpo#4", "--loss_type", "sigmod"))

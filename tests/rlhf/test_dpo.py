@@ -1,0 +1,75 @@
+"""DPO losses against TRL's DPOTrainer (the oracle) on the same tiny model and batch."""
+import copy
+
+import pytest
+import torch
+from datasets import Dataset
+
+from swift.model import load_model
+from swift.rlhf.dpo import DPO_LOSSES, dpo_loss
+from swift.rlhf.logps import sequence_logps
+
+PAIRS = [("07+45=", "52", "25"), ("10+10=", "20", "1"), ("99+1=", "100", "991"), ("3+4=", "7", "34")]
+
+
+@pytest.fixture(scope="module")
+def models():
+    policy, tokenizer, _ = load_model("builtin:tiny-chat")
+    ref = copy.deepcopy(policy)
+    with torch.no_grad():  # a reference that differs from the policy, so the log-ratios are not zero
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return policy, ref, tokenizer
+
+
+def trl_batch_and_loss(policy, ref, tokenizer, loss_type, beta, tmp_path):
+    from trl import DPOConfig, DPOTrainer
+
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": p}],
+                               "chosen": [{"role": "assistant", "content": c}],
+                               "rejected": [{"role": "assistant", "content": r}]} for p, c, r in PAIRS])
+    config = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=len(PAIRS), beta=beta,
+                       loss_type=[loss_type], report_to="none", use_cpu=True, bf16=False, max_length=None,
+                       dataloader_pin_memory=False)
+    trainer = DPOTrainer(model=policy, ref_model=ref, args=config, train_dataset=data, processing_class=tokenizer)
+    batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, batch)
+    return batch, loss
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge", "robust"])
+def test_loss_equals_trl(models, loss_type, tmp_path):
+    policy, ref, tokenizer = models
+    batch, expected = trl_batch_and_loss(policy, ref, tokenizer, loss_type, 0.1, tmp_path)
+    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    with torch.no_grad():
+        logps, lengths, _ = sequence_logps(policy(input_ids=batch["input_ids"],
+                                                  attention_mask=batch["attention_mask"]).logits, labels)
+        ref_logps, _, _ = sequence_logps(ref(input_ids=batch["input_ids"],
+                                             attention_mask=batch["attention_mask"]).logits, labels)
+    n = len(PAIRS)
+    ours = dpo_loss(logps[:n], logps[n:], ref_logps[:n], ref_logps[n:], loss_types=[loss_type], loss_weights=None,
+                    beta=0.1, chosen_len=lengths[:n], rejected_len=lengths[n:])
+    assert abs(ours.item() - expected.item()) < 1e-5
+
+
+def test_every_loss_type_is_finite_and_prefers_the_chosen():
+    c = torch.tensor([2.0, 0.5])
+    r = torch.tensor([-1.0, 0.4])
+    n = torch.tensor([3, 3])
+    for name in DPO_LOSSES:
+        better = DPO_LOSSES.get(name)(c, r, beta=0.5, label_smoothing=0.0, chosen_len=n, rejected_len=n)
+        worse = DPO_LOSSES.get(name)(r, c, beta=0.5, label_smoothing=0.0, chosen_len=n, rejected_len=n)
+        assert torch.isfinite(better).all() and better.mean() < worse.mean(), name
+
+
+def test_cdpo_label_smoothing_and_weights():
+    c, r = torch.tensor([1.0]), torch.tensor([0.0])
+    plain = dpo_loss(c, r, 0 * c, 0 * r, loss_types=["sigmoid"], loss_weights=None, beta=1.0)
+    smoothed = dpo_loss(c, r, 0 * c, 0 * r, loss_types=["sigmoid"], loss_weights=None, beta=1.0, label_smoothing=0.1)
+    expected = -0.9 * torch.nn.functional.logsigmoid(torch.tensor(1.0)) - 0.1 * torch.nn.functional.logsigmoid(
+        torch.tensor(-1.0))
+    assert smoothed.item() == pytest.approx(expected.item()) and smoothed > plain
+    mixed = dpo_loss(c, r, 0 * c, 0 * r, loss_types=["sigmoid", "hinge"], loss_weights=[1.0, 0.5], beta=1.0)
+    assert mixed.item() == pytest.approx(plain.item() + 0.5 * max(0.0, 1 - 1.0))
