@@ -18,6 +18,20 @@ from swift.utils.registry import SwiftError
 logger = get_logger(__name__)
 
 
+def error(e: RequestError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def read_body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    return body
+
+
 async def sse(engine: TransformersEngine, infer_request, config, model: str, chat: bool):
     """Server-sent events: one chunk per streamed piece, then `data: [DONE]`."""
     cid = api.new_id("chatcmpl" if chat else "cmpl")
@@ -41,8 +55,6 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
     app = FastAPI(title="swift deploy")
     models = [served_model_name, *(adapters or {})]
 
-    def error(e: RequestError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -55,14 +67,6 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
         logger.info(f"{request.method} {request.url.path} {response.status_code} {1000 * (time.time() - start):.0f}ms")
         return response
 
-    async def read_body(request: Request) -> dict:
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RequestError(f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise RequestError("request body must be a JSON object")
-        return body
 
     def pick_adapter(body: dict) -> str | None:
         model = body.get("model") or served_model_name
@@ -108,6 +112,13 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
     async def completions(request: Request):
         return await complete(request, chat=False)
 
+    add_reward_routes(app, scorer, served_model_name)
+    return app
+
+
+def add_reward_routes(app: FastAPI, scorer: RewardScorer | None, served_model_name: str) -> None:
+    """POST /v1/rewards and OpenRLHF's POST /get_reward, answered by a seq_cls model."""
+
     async def rewards(texts_of) -> list[float]:
         if scorer is None:
             raise RequestError("this server hosts a generative model; start it with --task_type seq_cls for rewards")
@@ -118,7 +129,9 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
         """{"messages": [[...], ...]} or {"input": [text, ...]} -> one reward per item."""
         try:
             body = await read_body(request)
-            pick_adapter(body)
+            if (body.get("model") or served_model_name) != served_model_name:
+                raise RequestError(f"model '{body['model']}' does not exist; available: {served_model_name}", "model",
+                                   404, "model_not_found")
             if isinstance(body.get("messages"), list) and body["messages"]:
                 conversations = body["messages"]
                 if isinstance(conversations[0], dict):
@@ -141,8 +154,6 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
         except RequestError as e:
             return error(e)
         return {"rewards": values, "scores": values}
-
-    return app
 
 
 def _texts(body: dict, key: str) -> list[str]:

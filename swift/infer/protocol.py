@@ -149,3 +149,13 @@ class InferEngine(abc.ABC):
 
         return asyncio.run(run())
 
+
+async def drain(queue: "asyncio.Queue[StreamDelta | BaseException]", n: int) -> AsyncIterator[StreamDelta]:
+    """Yield deltas from a queue fed by an engine thread until all `n` choices finished; re-raise errors."""
+    finished = 0
+    while finished < n:
+        item = await queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        finished += item.finish_reason is not None
+        yield item

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from swift.infer.protocol import (Choice, InferEngine, InferRequest, InferResponse, RequestConfig, StreamDelta,
-                                  TokenLogprob)
+                                  TokenLogprob, drain)
 from swift.infer.sampling import apply_repetition_penalty, sample
 from swift.template.base import Template
 from swift.utils.logging import get_logger
@@ -106,13 +106,8 @@ class TransformersEngine(InferEngine):
                 loop.call_soon_threadsafe(queue.put_nowait, result)
 
         job = self._submit(request, config, deliver, lambda d: loop.call_soon_threadsafe(queue.put_nowait, d))
-        finished = 0
         try:
-            while finished < config.n:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished += item.finish_reason is not None
+            async for item in drain(queue, config.n):
                 yield item
         finally:
             job.cancelled = True  # a client that disconnects frees its rows

@@ -12,7 +12,7 @@ import uuid
 from typing import AsyncIterator
 
 from swift.infer.protocol import (Choice, InferEngine, InferRequest, InferResponse, RequestConfig, StreamDelta,
-                                  TokenLogprob)
+                                  TokenLogprob, drain)
 from swift.utils.registry import SwiftError
 
 
@@ -116,13 +116,8 @@ class VllmEngine(InferEngine):
                 put(e)
 
         future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
-        finished = 0
         try:
-            while finished < config.n:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished += item.finish_reason is not None
+            async for item in drain(queue, config.n):
                 yield item
         finally:
             future.cancel()
