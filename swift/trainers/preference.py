@@ -9,7 +9,14 @@ import torch
 from transformers import Trainer
 
 from swift.rlhf.dpo import dpo_loss
-from swift.rlhf.logps import sequence_logps
+from swift.rlhf.logps import labelled_positions, target_logps
+
+
+def forward_logps(model, inputs: dict, keep: torch.Tensor):
+    """Log-probs of the labels, projecting to the vocabulary only where a label follows (`logits_to_keep`)."""
+    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], logits_to_keep=keep,
+                   use_cache=False).logits
+    return target_logps(logits, inputs["labels"][:, 1:][:, keep])
 
 
 class PreferenceTrainer(Trainer):
@@ -21,24 +28,22 @@ class PreferenceTrainer(Trainer):
             self.ref_model = ref_model.to(self.args.device).eval().requires_grad_(False)
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
 
-    def _reference_logps(self, model, inputs, labels) -> torch.Tensor:
+    def _reference_logps(self, model, inputs, keep) -> torch.Tensor:
         with torch.no_grad():
             if self.ref_model is not None:
-                logits = self.ref_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
-            else:  # LoRA: the reference is the same weights without the adapters, not a second copy
-                unwrapped = self.accelerator.unwrap_model(model)
-                ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
-                with ctx:
-                    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
-            return sequence_logps(logits, labels)[0]
+                return forward_logps(self.ref_model, inputs, keep)[0]
+            # LoRA: the reference is the same weights without the adapters, not a second copy
+            unwrapped = self.accelerator.unwrap_model(model)
+            ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
+            with ctx:
+                return forward_logps(model, inputs, keep)[0]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         a = self.rlhf_args
-        labels = inputs["labels"]
-        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
-        logps, lengths, per_token = sequence_logps(logits, labels)
-        ref_logps = self._reference_logps(model, inputs, labels)
-        n = labels.size(0) // 2  # the batch is [chosen..., rejected...]
+        keep = labelled_positions(inputs["labels"])
+        logps, lengths, per_token = forward_logps(model, inputs, keep)
+        ref_logps = self._reference_logps(model, inputs, keep)
+        n = inputs["labels"].size(0) // 2  # the batch is [chosen..., rejected...]
         loss = dpo_loss(logps[:n], logps[n:], ref_logps[:n], ref_logps[n:], loss_types=a.loss_type,
                         loss_weights=a.loss_weights or None, beta=a.beta, label_smoothing=a.label_smoothing,
                         chosen_len=lengths[:n], rejected_len=lengths[n:])
