@@ -17,12 +17,18 @@ from swift.template import get_template, infer_template
 from swift.utils.registry import SwiftError
 
 
-def load_for_serving(args, task_type: str = "causal_lm"):
-    """Model (with its LoRA adapters), tokenizer, template and the adapters ({name: path})."""
-    adapters = args.engine_args.named_adapters()
+def _model_id(args, adapters: dict[str, str]) -> str:
+    """--model, or the base model the first adapter was trained on."""
     model_id = args.model or (base_model_of(next(iter(adapters.values()))) if adapters else None)
     if not model_id:
         raise SwiftError("--model is required (or --adapters, whose base model is then used)")
+    return model_id
+
+
+def load_for_serving(args, task_type: str = "causal_lm"):
+    """Model (with its LoRA adapters), tokenizer, template and the adapters ({name: path})."""
+    adapters = args.engine_args.named_adapters()
+    model_id = _model_id(args, adapters)
     model, tokenizer, info = load_model(model_id, use_hf=args.use_hf, revision=args.model_revision,
                                         torch_dtype=args.torch_dtype, attn_impl=args.attn_impl, task_type=task_type,
                                         num_labels=args.num_labels)
@@ -50,9 +56,7 @@ def build_vllm_engine(args) -> tuple[InferEngine, dict[str, str]]:
     from swift.infer.vllm_engine import VllmEngine
 
     adapters = args.engine_args.named_adapters()
-    model_id = args.model or (base_model_of(next(iter(adapters.values()))) if adapters else None)
-    if not model_id:
-        raise SwiftError("--model is required (or --adapters, whose base model is then used)")
+    model_id = _model_id(args, adapters)
     model_dir, builtin = resolve_model_dir(model_id, use_hf=args.use_hf, revision=args.model_revision)
     tokenizer = load_tokenizer(model_dir)
     if builtin:  # vLLM reads weights from disk: write the seeded built-in model out once

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer
 
+from swift.rlhf.logps import labelled_positions
 from swift.template.base import IGNORE_INDEX, Template
 from swift.trainers.generate_eval import exact_match_accuracy
 
@@ -19,7 +20,7 @@ def causal_lm_loss(model, inputs: dict, num_items_in_batch: torch.Tensor | int |
     """
     labels = inputs["labels"]
     targets = labels[:, 1:]
-    keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().squeeze(-1)  # positions t predicting labels[t+1]
+    keep = labelled_positions(labels)  # positions t predicting labels[t+1]
     model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
     logits = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits
     selected = targets[:, keep]
