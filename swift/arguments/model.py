@@ -6,6 +6,7 @@ from typing import Literal
 from swift.utils.registry import SwiftError
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+TASK_TYPES = ("causal_lm", "seq_cls", "token_cls")
 
 
 @dataclass
@@ -18,11 +19,13 @@ class ModelArguments:
     torch_dtype: str = field(default="auto", metadata={
         "help": "Weights dtype: auto (bf16 on GPUs that support it, else fp32), float32, float16, bfloat16."})
     attn_impl: str | None = field(default=None, metadata={"help": "Attention implementation: sdpa, eager, flash_attention_2."})
-    task_type: Literal["causal_lm", "seq_cls"] = field(default="causal_lm", metadata={"help": "causal_lm or seq_cls (value head)."})
-    num_labels: int | None = field(default=None, metadata={"help": "Number of labels for seq_cls (1 for a reward model)."})
+    task_type: Literal["causal_lm", "seq_cls", "token_cls"] = field(default="causal_lm", metadata={
+        "help": "causal_lm, seq_cls (a value head on the last token) or token_cls (a head on every token)."})
+    num_labels: int | None = field(default=None, metadata={
+        "help": "Labels of the seq_cls/token_cls head (1 for a reward model, 2 for a process reward model)."})
 
     def __post_init__(self) -> None:
         if self.torch_dtype not in DTYPES:
             raise SwiftError(f"--torch_dtype {self.torch_dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.task_type not in ("causal_lm", "seq_cls"):
-            raise SwiftError(f"--task_type {self.task_type!r} is not one of causal_lm, seq_cls")
+        if self.task_type not in TASK_TYPES:
+            raise SwiftError(f"--task_type {self.task_type!r} is not one of {', '.join(TASK_TYPES)}")

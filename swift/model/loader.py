@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
-                          PreTrainedModel, PreTrainedTokenizerBase)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          AutoModelForTokenClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase)
 
 from swift.model.hub import snapshot_download
 from swift.utils.logging import get_logger
@@ -18,6 +18,8 @@ logger = get_logger(__name__)
 BUILTIN_PREFIX = "builtin:"
 ASSETS = Path(__file__).parent / "assets"
 BUILTIN_SEED = 0  # the built-in model's weights are a pure function of this seed
+AUTO_CLASSES = {"causal_lm": AutoModelForCausalLM, "seq_cls": AutoModelForSequenceClassification,
+                "token_cls": AutoModelForTokenClassification}
 
 
 @dataclass
@@ -76,12 +78,10 @@ def load_model(
     tokenizer = load_tokenizer(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     dtype = resolve_dtype(torch_dtype)
-    if task_type == "seq_cls":
-        config.num_labels = num_labels or 1
+    auto_cls = AUTO_CLASSES[task_type]
+    if task_type != "causal_lm":
+        config.num_labels = num_labels or (1 if task_type == "seq_cls" else 2)
         config.pad_token_id = tokenizer.pad_token_id
-        auto_cls = AutoModelForSequenceClassification
-    else:
-        auto_cls = AutoModelForCausalLM
     kwargs = {"attn_implementation": attn_impl} if attn_impl else {}
     if builtin:
         with torch.random.fork_rng(devices=[]):

@@ -1,8 +1,11 @@
-"""`swift rlhf`: offline preference alignment (DPO and its loss variants) on the shared trainer path."""
+"""`swift rlhf`: preference alignment, reward models and distillation on the shared trainer path.
+
+The algorithm's registry entry picks the row encoder (by its `data`), the trainer (by its
+`trainer`), the model head (by its `task_type`) and whether a reference model is needed."""
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -12,10 +15,20 @@ from swift.model import load_model
 from swift.pipelines.base import resolve_args
 from swift.pipelines.train import TrainPipeline
 from swift.template.base import IGNORE_INDEX, RowError, Template
-from swift.trainers.preference import PreferenceTrainer
+from swift.trainers.rlhf import ClassifierTrainer, DistillTrainer, PreferenceTrainer
+from swift.utils.registry import SwiftError
+
+TRAINERS = {"preference": PreferenceTrainer, "classifier": ClassifierTrainer, "distill": DistillTrainer}
 
 
-def encode_pair(template: Template, row: dict) -> dict:
+def _split_completion(template: Template, row: dict) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, completion ids, completion labels): the completion starts at the first labelled token."""
+    enc = template.encode(row)
+    start = next(i for i, t in enumerate(enc.labels) if t != IGNORE_INDEX)
+    return enc.input_ids[:start], enc.input_ids[start:], enc.labels[start:]
+
+
+def encode_pair(template: Template, row: dict, a=None) -> dict:
     """Chosen (the row's last assistant turn) and rejected (`rejected_response`), loss on the answer only."""
     if "rejected_response" not in row:
         raise RowError("no rejected response (preference data needs chosen and rejected)")
@@ -25,51 +38,141 @@ def encode_pair(template: Template, row: dict) -> dict:
     chosen = template.encode(row)
     rejected = template.encode({**row, "messages": [*messages[:-1],
                                                     {"role": "assistant", "content": row["rejected_response"]}]})
-    return {"chosen_input_ids": chosen.input_ids, "chosen_labels": chosen.labels,
-            "rejected_input_ids": rejected.input_ids, "rejected_labels": rejected.labels}
+    sample = {"sequences": [(chosen.input_ids, chosen.labels), (rejected.input_ids, rejected.labels)]}
+    if row.get("margin") is not None:
+        try:
+            sample["margin"] = float(row["margin"])
+        except (TypeError, ValueError):
+            raise RowError(f"margin {row['margin']!r} is not a number") from None
+    return sample
 
 
-class PairCollator:
-    """Pads a batch of pairs into one tensor: [chosen_1..chosen_B, rejected_1..rejected_B]."""
+def encode_unpaired(template: Template, row: dict, a=None) -> dict:
+    """One answer with its KTO `label` (true = desirable); the mismatched partner is added per batch."""
+    if "label" not in row:
+        raise RowError("no 'label' column (KTO data marks each answer desirable: true or false)")
+    if row["messages"][-1]["role"] != "assistant":
+        raise RowError("the last message must be the assistant answer being labelled")
+    prompt, completion, labels = _split_completion(template, row)
+    return {"sequences": [(prompt + completion, [IGNORE_INDEX] * len(prompt) + labels)], "label": row["label"],
+            "_prompt": prompt, "_completion": (completion, labels)}
+
+
+def add_mismatched(samples: list[dict], batch_size: int) -> list[dict]:
+    """KTO's KL baseline: pair each prompt with the previous row's completion within blocks of
+    `batch_size` rows (x_1, y_n), (x_2, y_1), ..., fixed at encoding time so precomputed reference
+    log-probs stay valid."""
+    for start in range(0, len(samples), batch_size):
+        block = samples[start:start + batch_size]
+        for i, s in enumerate(block):
+            completion, labels = block[i - 1]["_completion"]
+            s["sequences"].append((s["_prompt"] + completion, [IGNORE_INDEX] * len(s["_prompt"]) + labels))
+    for s in samples:
+        del s["_prompt"], s["_completion"]
+    return samples
+
+
+def encode_steps(template: Template, row: dict, a) -> dict:
+    """Process supervision: `completions` (a list of steps) and `labels` (one bool per step). Each
+    step is followed by `--step_separator`, whose last token carries the step's label."""
+    steps, labels = row.get("completions"), row.get("labels")
+    if not isinstance(steps, list) or not isinstance(labels, list) or not steps:
+        raise RowError("process-reward rows need 'completions' (a list of steps) and 'labels' (one bool per step)")
+    if len(steps) != len(labels):
+        raise RowError(f"{len(steps)} steps but {len(labels)} labels")
+    ids = template.encode_prompt(row["messages"])
+    targets = [IGNORE_INDEX] * len(ids)
+    for step, label in zip(steps, labels):
+        step_ids = template.tokenizer.encode(str(step) + a.step_separator, add_special_tokens=False)
+        if a.max_length and len(ids) + len(step_ids) > a.max_length:
+            break  # later steps do not fit
+        ids += step_ids
+        targets += [IGNORE_INDEX] * (len(step_ids) - 1) + [int(bool(label))]
+    if all(t == IGNORE_INDEX for t in targets):
+        raise RowError(f"no step fits in --max_length {a.max_length}")
+    return {"sequences": [(ids, targets)]}
+
+
+def encode_conversation(template: Template, row: dict, a=None) -> dict:
+    """A conversation with loss on the last answer, and its prompt for on-policy generation."""
+    if row["messages"][-1]["role"] != "assistant":
+        raise RowError("the last message must be the assistant answer")
+    enc = template.encode(row)
+    return {"sequences": [(enc.input_ids, enc.labels)], "prompt_ids": template.encode_prompt(row["messages"])}
+
+
+ENCODERS: dict[str, Callable[..., dict]] = {"pair": encode_pair, "unpaired": encode_unpaired, "steps": encode_steps,
+                                            "conversation": encode_conversation}
+
+
+class SequenceCollator:
+    """Pads every sample's sequences into one batch ordered [seq 0 of each row..., seq 1 of each row...]
+    (for pairs: [chosen..., rejected...]); carries `ref_logps`, `label`, `margin` and `prompt_ids`."""
 
     def __init__(self, pad_token_id: int):
         self.pad = pad_token_id
 
-    def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
-        seqs = [(b[f"{side}_input_ids"], b[f"{side}_labels"]) for side in ("chosen", "rejected") for b in batch]
+    def __call__(self, batch: list[dict]) -> dict[str, Any]:
+        k = len(batch[0]["sequences"])
+        seqs = [b["sequences"][j] for j in range(k) for b in batch]
         width = max(len(ids) for ids, _ in seqs)
         ids = torch.full((len(seqs), width), self.pad, dtype=torch.long)
         labels = torch.full((len(seqs), width), IGNORE_INDEX, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, (x, y) in enumerate(seqs):
             ids[i, :len(x)], labels[i, :len(y)], mask[i, :len(x)] = torch.tensor(x), torch.tensor(y), 1
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        out: dict[str, Any] = {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        if "ref_logps" in batch[0]:
+            out["ref_logps"] = torch.tensor([b["ref_logps"][j] for j in range(k) for b in batch])
+        if "label" in batch[0]:
+            out["label"] = torch.tensor([bool(b["label"]) for b in batch])
+        if any("margin" in b for b in batch):
+            out["margin"] = torch.tensor([b.get("margin", 0.0) for b in batch])
+        if "prompt_ids" in batch[0]:
+            out["prompt_ids"] = [b["prompt_ids"] for b in batch]
+        return out
 
 
 class RLHFPipeline(TrainPipeline):
-    trainer_cls = PreferenceTrainer
+    task_types = ("causal_lm", "seq_cls", "token_cls")
+
+    def __init__(self, args: RLHFArguments):
+        super().__init__(args)
+        self.algorithm = args.rlhf_args.algorithm
+        self.trainer_cls = TRAINERS[self.algorithm.trainer]
 
     def encode(self, rowset: RowSet, template: Template, desc: str) -> list[dict]:
+        encode = ENCODERS[self.algorithm.data]
         samples = []
         for row, origin in zip(rowset.rows, rowset.origins):
             try:
-                samples.append(encode_pair(template, row))
+                samples.append(encode(template, row, self.args))
             except RowError as e:
                 rowset.reject(origin, e, self.args.strict)
+        if self.algorithm.data == "unpaired":
+            samples = add_mismatched(samples, self.args.per_device_train_batch_size)
         return samples
 
     def collator(self, tokenizer, model):
-        return PairCollator(tokenizer.pad_token_id)
+        return SequenceCollator(tokenizer.pad_token_id)
 
     def trainer_kwargs(self, model) -> dict[str, Any]:
-        a = self.args
-        if a.ref_model:
-            ref = load_model(a.ref_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype)[0]
-        elif a.tuner_type == "lora" and not a.adapters:
-            ref = None  # the policy with its adapters disabled
-        else:
-            ref = copy.deepcopy(model)  # full tuning: freeze the starting weights
-        return {"ref_model": ref, "rlhf_args": a.rlhf_args}
+        a, algo = self.args, self.algorithm
+        extra: dict[str, Any] = {"algorithm": algo, "rlhf_args": a.rlhf_args}
+        if algo.reference:
+            if a.ref_model:
+                extra["ref_model"] = load_model(a.ref_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype)[0]
+            elif (a.tuner_type == "lora" and not a.adapters) or a.precompute_ref_log_probs:
+                extra["ref_model"] = None  # LoRA: the policy with adapters disabled; precompute: the policy at step 0
+            else:
+                extra["ref_model"] = copy.deepcopy(model)  # full tuning: freeze the starting weights
+        if algo.trainer == "distill":
+            teacher = load_model(a.teacher_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype)[0]
+            if teacher.config.vocab_size != model.config.vocab_size:
+                raise SwiftError(f"--teacher_model {a.teacher_model} has a vocabulary of {teacher.config.vocab_size} "
+                                 f"tokens, the student {model.config.vocab_size}; distillation needs the same one")
+            extra["teacher_model"] = teacher
+        return extra
 
 
 def rlhf_main(args: RLHFArguments | list[str] | None = None) -> dict[str, Any]:

@@ -29,6 +29,7 @@ logger = get_logger(__name__)
 
 class TrainPipeline:
     trainer_cls = SwiftTrainer
+    task_types = ("causal_lm",)
 
     def __init__(self, args: SftArguments):
         self.args = args
@@ -36,8 +37,9 @@ class TrainPipeline:
     # -- parts -----------------------------------------------------------------------------------
     def load(self):
         a = self.args
-        if a.task_type == "seq_cls":
-            raise SwiftError("--task_type seq_cls is trained with `swift rlhf --rlhf_type rm`; sft/pt train causal_lm")
+        if a.task_type not in self.task_types:
+            raise SwiftError(f"--task_type {a.task_type} is trained with `swift rlhf --rlhf_type rm|prm`; "
+                             "sft/pt train causal_lm")
         model, tokenizer, info = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
                                             torch_dtype=a.torch_dtype, attn_impl=a.attn_impl, task_type=a.task_type,
                                             num_labels=a.num_labels)

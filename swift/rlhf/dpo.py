@@ -11,6 +11,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.logps import SequenceLogps, pair_metrics
 from swift.utils.registry import Registry
 
 DPO_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("DPO loss type")
@@ -87,3 +89,18 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, *, loss_t
                                         rejected_len=rejected_len)
         total = total + weight * per_pair.mean()
     return total
+
+
+def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tuple[torch.Tensor, dict]:
+    """Rows are [chosen..., rejected...]; `--rpo_alpha` adds the chosen answers' NLL (RPO, arXiv 2404.19733)."""
+    n = policy.sums.size(0) // 2
+    c, r, rc, rr = policy.sums[:n], policy.sums[n:], ref.sums[:n], ref.sums[n:]
+    loss = dpo_loss(c, r, rc, rr, loss_types=a.loss_type, loss_weights=a.loss_weights or None, beta=a.beta,
+                    label_smoothing=a.label_smoothing, chosen_len=policy.lengths[:n], rejected_len=policy.lengths[n:])
+    if a.rpo_alpha:
+        loss = loss + a.rpo_alpha * policy.nll(slice(0, n))
+    return loss, pair_metrics(a.beta * (c - rc), a.beta * (r - rr), c, r)
+
+
+ALGORITHMS.register("dpo", Algorithm(trainer="preference", data="pair", loss=batch_loss, reference=True,
+                                     defaults={"beta": 0.1, "loss_type": ["sigmoid"]}, loss_types=DPO_LOSSES))

@@ -1,5 +1,7 @@
-"""Per-token and per-sequence log-probabilities of labelled tokens."""
+"""Per-token and per-sequence log-probabilities of labelled tokens, and the pair metrics TRL logs."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -22,3 +24,35 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
 def labelled_positions(labels: torch.Tensor) -> torch.Tensor:
     """Sequence positions t whose next label is set in some row: the only logits a loss needs."""
     return (labels[:, 1:] != IGNORE_INDEX).any(dim=0).nonzero().squeeze(-1)
+
+
+@dataclass
+class SequenceLogps:
+    """Log-probs of each row's labelled tokens: `sums` and `lengths` per row (shape [rows]); when an
+    algorithm asks for it, also over every token of the row (`all_sums`, `all_lengths`)."""
+
+    sums: torch.Tensor
+    lengths: torch.Tensor
+    all_sums: torch.Tensor | None = None
+    all_lengths: torch.Tensor | None = None
+
+    @property
+    def means(self) -> torch.Tensor:
+        return self.sums / self.lengths.clamp(min=1)
+
+    def nll(self, rows: slice) -> torch.Tensor:
+        """Mean negative log-likelihood over all labelled tokens of `rows` (token-weighted, as CE)."""
+        return -self.sums[rows].sum() / self.lengths[rows].sum().clamp(min=1)
+
+    def whole_sequence_nll(self, rows: slice) -> torch.Tensor:
+        """Mean negative log-likelihood over every token (prompt included) of `rows`."""
+        return -self.all_sums[rows].sum() / self.all_lengths[rows].sum().clamp(min=1)
+
+
+def pair_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, chosen_logps: torch.Tensor,
+                 rejected_logps: torch.Tensor) -> dict[str, float]:
+    """TRL's names: rewards/{chosen,rejected,accuracies,margins}, logps/{chosen,rejected}."""
+    c, r = chosen_rewards.detach(), rejected_rewards.detach()
+    return {"rewards/chosen": c.mean().item(), "rewards/rejected": r.mean().item(),
+            "rewards/accuracies": (c > r).float().mean().item(), "rewards/margins": (c - r).mean().item(),
+            "logps/chosen": chosen_logps.detach().mean().item(), "logps/rejected": rejected_logps.detach().mean().item()}

@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 from swift.utils.logging import get_logger
 
 logger = get_logger(__name__)
+PEFT_TASK_TYPES = {"causal_lm": TaskType.CAUSAL_LM, "seq_cls": TaskType.SEQ_CLS, "token_cls": TaskType.TOKEN_CLS}
 # PEFT looks for the base model's config at its name; the built-in model has no directory to look in.
 warnings.filterwarnings("ignore", message="Could not find a config file in builtin:")
 
@@ -26,7 +27,7 @@ def prepare_model(model: PreTrainedModel, args, *, task_type: str = "causal_lm")
             lora_alpha=args.lora_alpha,
             lora_dropout=args.lora_dropout,
             target_modules="all-linear" if target == ["all-linear"] else target,
-            task_type=TaskType.SEQ_CLS if task_type == "seq_cls" else TaskType.CAUSAL_LM,
+            task_type=PEFT_TASK_TYPES[task_type],  # seq_cls/token_cls also train and save the head
         )
         model = get_peft_model(model, config)
     else:

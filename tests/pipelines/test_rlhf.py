@@ -7,7 +7,7 @@ import torch
 
 from swift.dataset.loader import load_rows
 from swift.model import load_model
-from swift.pipelines.rlhf import PairCollator, encode_pair, rlhf_main
+from swift.pipelines.rlhf import SequenceCollator, encode_pair, rlhf_main
 from swift.template import IGNORE_INDEX, get_template
 from swift.utils.registry import SwiftError
 from tests.conftest import train_argv
@@ -22,11 +22,12 @@ def test_pair_encoding_and_collation(tokenizer):
     template = get_template("chatml", tokenizer, loss_scale="last_round")
     row = load_rows(["builtin:arith-dpo#1"]).rows[0]
     pair = encode_pair(template, row)
-    chosen = [t for t in pair["chosen_labels"] if t != IGNORE_INDEX]
-    rejected = [t for t in pair["rejected_labels"] if t != IGNORE_INDEX]
+    (_, chosen_labels), (_, rejected_labels) = pair["sequences"]
+    chosen = [t for t in chosen_labels if t != IGNORE_INDEX]
+    rejected = [t for t in rejected_labels if t != IGNORE_INDEX]
     assert tokenizer.decode(chosen) == row["messages"][-1]["content"] + "<|im_end|>"
     assert tokenizer.decode(rejected) == row["rejected_response"] + "<|im_end|>"
-    batch = PairCollator(tokenizer.pad_token_id)([pair, pair])
+    batch = SequenceCollator(tokenizer.pad_token_id)([pair, pair])
     assert batch["input_ids"].shape[0] == 4 and torch.equal(batch["input_ids"][0], batch["input_ids"][1])
 
 

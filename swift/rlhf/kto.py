@@ -1,0 +1,48 @@
+"""KTO (arXiv 2402.01306): unpaired desirable / undesirable answers.
+
+With the log-ratio ρ = log π(y|x) − log π_ref(y|x) and the KL baseline z = max(0, mean ρ'), where
+ρ' are log-ratios of mismatched pairs (x_i, y_j) from the same batch (eq. 8, detached):
+  desirable:   λ_D (1 − σ(β(ρ − z)))       undesirable:   λ_U (1 − σ(β(z − ρ)))
+with λ_D = `--desirable_weight`, λ_U = `--undesirable_weight`; the loss is the mean over rows.
+"""
+from __future__ import annotations
+
+import torch
+
+from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.logps import SequenceLogps
+
+
+def kl_baseline(mismatched_logratios: torch.Tensor) -> torch.Tensor:
+    return mismatched_logratios.mean().detach().clamp(min=0)
+
+
+def kto_losses(logratios: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor, *, beta: float,
+               desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> torch.Tensor:
+    """Per-row losses; `desirable` is a bool tensor."""
+    good = desirable_weight * (1 - torch.sigmoid(beta * (logratios - kl)))
+    bad = undesirable_weight * (1 - torch.sigmoid(beta * (kl - logratios)))
+    return torch.where(desirable, good, bad)
+
+
+def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tuple[torch.Tensor, dict]:
+    """Rows are [completions..., mismatched completions...]; `batch["label"]` marks the desirable ones."""
+    n = policy.sums.size(0) // 2
+    logratios = policy.sums[:n] - ref.sums[:n]
+    kl = kl_baseline(policy.sums[n:] - ref.sums[n:])
+    desirable = batch["label"].bool()
+    loss = kto_losses(logratios, desirable, kl, beta=a.beta, desirable_weight=a.desirable_weight,
+                      undesirable_weight=a.undesirable_weight).mean()
+    rewards = (a.beta * logratios).detach()
+    metrics = {"kl": kl.item()}
+    for name, rows in (("chosen", desirable), ("rejected", ~desirable)):
+        if rows.any():
+            metrics[f"rewards/{name}"] = rewards[rows].mean().item()
+            metrics[f"logps/{name}"] = policy.sums[:n][rows].detach().mean().item()
+    if desirable.any() and (~desirable).any():
+        metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
+    return loss, metrics
+
+
+ALGORITHMS.register("kto", Algorithm(trainer="preference", data="unpaired", loss=batch_loss, reference=True,
+                                     defaults={"beta": 0.1}))

@@ -1,0 +1,173 @@
+"""Trainers of `swift rlhf`. Each computes what its family of algorithms needs and hands it to the
+algorithm's loss (looked up in `swift.rlhf.ALGORITHMS`), which returns the loss and its metrics:
+
+- PreferenceTrainer: log-probs of every sequence in one concatenated forward, and the reference's
+  (a separate model, the policy with its LoRA adapters disabled, or precomputed once).
+- ClassifierTrainer: the logits of a value head (reward and process reward models).
+- DistillTrainer: student and teacher distributions at the answer tokens; a `--lmbda` fraction of
+  steps trains on answers the student generates itself with the inference engine.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import Trainer
+
+from swift.infer.protocol import InferRequest, RequestConfig
+from swift.rlhf.logps import IGNORE_INDEX, SequenceLogps, labelled_positions, target_logps
+
+
+def forward_logps(model, inputs: dict, keep: torch.Tensor, whole_sequence: bool = False) -> SequenceLogps:
+    """Log-probs of the labels, projecting to the vocabulary only where a label follows (`logits_to_keep`).
+    With `whole_sequence`, every position is projected and every token's log-prob is summed as well."""
+    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                   logits_to_keep=0 if whole_sequence else keep, use_cache=False).logits
+    if not whole_sequence:
+        return SequenceLogps(*target_logps(logits, inputs["labels"][:, 1:][:, keep])[:2])
+    sums, lengths, _ = target_logps(logits[:, :-1], inputs["labels"][:, 1:])
+    tokens = inputs["input_ids"][:, 1:].masked_fill(inputs["attention_mask"][:, 1:] == 0, IGNORE_INDEX)
+    all_sums, all_lengths, _ = target_logps(logits[:, :-1], tokens)
+    return SequenceLogps(sums, lengths, all_sums, all_lengths)
+
+
+class RLHFTrainer(Trainer):
+    """Shared by the three trainers: metrics averaged per logging step under TRL's names."""
+
+    def __init__(self, *args, algorithm, rlhf_args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.algorithm = algorithm
+        self.rlhf_args = rlhf_args
+        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, metrics = self.loss_and_metrics(model, inputs)
+        mode = "train" if self.model.training else "eval"
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
+        return (loss, None) if return_outputs else loss
+
+    def loss_and_metrics(self, model, inputs) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError  # each trainer below defines it
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        prefix = "eval_" if mode == "eval" else ""
+        for key, values in self._metrics[mode].items():
+            if values:
+                logs[prefix + key] = sum(values) / len(values)
+        self._metrics[mode].clear()
+        super().log(logs, start_time)
+
+
+class PreferenceTrainer(RLHFTrainer):
+    def __init__(self, *args, ref_model=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ref_model = ref_model.to(self.args.device).eval().requires_grad_(False) if ref_model is not None else None
+        if self.algorithm.reference and self.rlhf_args.precompute_ref_log_probs:
+            for dataset in (self.train_dataset, self.eval_dataset):
+                if dataset is not None:
+                    self._precompute(dataset)
+            self.ref_model = None  # no longer needed: freed before training starts
+
+    def _reference_logps(self, inputs, keep) -> SequenceLogps:
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return forward_logps(self.ref_model, inputs, keep)
+            # LoRA: the reference is the same weights without the adapters, not a second copy
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
+            with ctx:
+                return forward_logps(self.model, inputs, keep)
+
+    def _precompute(self, dataset) -> None:
+        """Store each sample's reference log-prob sums (`ref_logps`, one per sequence)."""
+        size = self.args.per_device_eval_batch_size
+        items = [dataset[i] for i in range(len(dataset))]
+        for start in tqdm(range(0, len(items), size), desc="reference log-probs", disable=self.args.disable_tqdm):
+            chunk = items[start:start + size]
+            inputs = self._prepare_inputs(self.data_collator(chunk))
+            sums = self._reference_logps(inputs, labelled_positions(inputs["labels"])).sums.tolist()
+            for i, item in enumerate(chunk):
+                item["ref_logps"] = sums[i::len(chunk)]
+
+    def loss_and_metrics(self, model, inputs):
+        keep = labelled_positions(inputs["labels"])
+        policy = forward_logps(model, inputs, keep, self.algorithm.whole_sequence_nll)
+        ref = None
+        if "ref_logps" in inputs:
+            ref = SequenceLogps(inputs["ref_logps"].to(policy.sums), policy.lengths)
+        elif self.algorithm.reference:
+            ref = self._reference_logps(inputs, keep)
+        return self.algorithm.loss(policy, ref, inputs, self.rlhf_args)
+
+
+class ClassifierTrainer(RLHFTrainer):
+    def loss_and_metrics(self, model, inputs):
+        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
+        return self.algorithm.loss(logits, inputs, self.rlhf_args)
+
+
+class DistillTrainer(RLHFTrainer):
+    def __init__(self, *args, teacher_model, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.teacher = teacher_model.to(self.args.device).eval().requires_grad_(False)
+        self._rng = random.Random(self.args.seed)
+        self._engine = None
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self._rng.random() < self.rlhf_args.lmbda:
+            inputs = self._on_policy(inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def _on_policy(self, inputs: dict) -> dict:
+        """Replace the answers by the student's own samples (generated with the inference engine)."""
+        from swift.infer.transformers_engine import TransformersEngine
+
+        a = self.rlhf_args
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if self._engine is None:
+            self._engine = TransformersEngine(unwrapped, self.processing_class, template=None)
+        was_training = unwrapped.training
+        unwrapped.eval()
+        config = RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature,
+                               seed=self._rng.randrange(2 ** 31))
+        responses = self._engine.infer([InferRequest(input_ids=p) for p in inputs["prompt_ids"]], config)
+        unwrapped.train(was_training)
+        eos = self.processing_class.eos_token_id
+        samples = []
+        for prompt, response in zip(inputs["prompt_ids"], responses):
+            choice = response.choices[0]
+            completion = choice.token_ids + ([eos] if choice.finish_reason == "stop" else [])
+            samples.append({"sequences": [(prompt + completion, [IGNORE_INDEX] * len(prompt) + completion)]})
+        batch = self.data_collator(samples)
+        batch["on_policy"] = True
+        return batch
+
+    def loss_and_metrics(self, model, inputs):
+        labels = inputs["labels"]
+        keep = labelled_positions(labels)
+        forward = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], logits_to_keep=keep,
+                       use_cache=False)
+        student = model(**forward).logits
+        with torch.no_grad():
+            teacher = self.teacher(**forward).logits
+        targets = labels[:, 1:][:, keep]
+        mask = targets != IGNORE_INDEX
+        loss, metrics = self.algorithm.loss(student[mask], teacher[mask], self.rlhf_args)
+        if self.rlhf_args.sft_alpha and not inputs.get("on_policy"):
+            nll = F.cross_entropy(student[mask].float(), targets[mask])
+            loss = loss + self.rlhf_args.sft_alpha * nll
+            metrics["sft_loss"] = nll.item()
+        metrics["on_policy"] = float(bool(inputs.get("on_policy")))
+        return loss, metrics
