@@ -36,3 +36,24 @@ def train_argv(output_dir, *extra: str) -> list[str]:
     return ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft#64", "--output_dir", str(output_dir),
             "--max_steps", "4", "--per_device_train_batch_size", "4", "--logging_steps", "1",
             "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", *extra]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def quickstart(tmp_path_factory):
+    """examples/quickstart.sh (pt then sft on built-in arithmetic), run once per test session.
+
+    Returns (its stdout, its output dir); learning checks of later stages (DPO, RM, GRPO) start
+    from `<dir>/sft`. Set SWIFT_TEST_QUICKSTART to an existing output dir to reuse one."""
+    import subprocess
+
+    reuse = os.environ.get("SWIFT_TEST_QUICKSTART")
+    if reuse and os.path.exists(os.path.join(reuse, "sft", "result.json")):
+        return None, reuse
+    out = tmp_path_factory.mktemp("quickstart") / "qs"
+    proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "quickstart.sh")], cwd=out.parent,
+                          env={**os.environ, "OUT": str(out)}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, str(out)

@@ -49,3 +49,36 @@ def arith_dpo(split: str = "train") -> list[dict]:
                                   {"role": "assistant", "content": str(a + b)}],
                      "rejected_response": str(wrong)})
     return rows
+
+
+@BUILTIN_DATASETS.register("arith-kto")
+def arith_kto(split: str = "train") -> list[dict]:
+    """Unpaired rows for KTO: each sum once, with the true answer (label true) or the arith-dpo
+    wrong answer (label false), chosen by a fixed hash (about half each)."""
+    rows = []
+    for row in arith_dpo(split):
+        prompt = row["messages"][0]["content"]
+        desirable = hashlib.md5(f"kto:{prompt}".encode()).digest()[0] % 2 == 0
+        answer = row["messages"][1]["content"] if desirable else row["rejected_response"]
+        rows.append({"messages": [row["messages"][0], {"role": "assistant", "content": answer}], "label": desirable})
+    return rows
+
+
+@BUILTIN_DATASETS.register("arith-prm")
+def arith_prm(split: str = "train") -> list[dict]:
+    """Step-labelled rows for process reward models: 'aa+bb+cc=' solved in two steps
+    ('aa+bb=s', 's+cc=t'). A fixed hash corrupts the first step, the second, or neither; a step is
+    labelled correct when it and every step before it are right (TRL's stepwise format:
+    `prompt`, `completions`, `labels`)."""
+    rows = []
+    for a, b in _pairs(split):
+        h = hashlib.md5(f"prm:{a}+{b}".encode()).digest()
+        c = h[0] % 100
+        first, second = a + b, a + b + c
+        wrong = h[1] % 3  # 0: none, 1: the first step, 2: the second step
+        shown_first = first + 1 + h[2] % 9 if wrong == 1 else first
+        shown_second = shown_first + c + (1 + h[3] % 9 if wrong == 2 else 0)
+        rows.append({"prompt": f"{a:02d}+{b:02d}+{c:02d}=",
+                     "completions": [f"{a:02d}+{b:02d}={shown_first}", f"{shown_first}+{c:02d}={shown_second}"],
+                     "labels": [wrong != 1, wrong == 0]})
+    return rows

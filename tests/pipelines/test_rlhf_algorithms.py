@@ -1,0 +1,152 @@
+"""`swift rlhf` end to end for orpo, cpo, simpo, kto, rm, prm and gkd, and --precompute_ref_log_probs."""
+import json
+import os
+
+import pytest
+import torch
+
+from swift.dataset.loader import load_rows
+from swift.pipelines.rlhf import SequenceCollator, add_mismatched, encode_steps, encode_unpaired, rlhf_main
+from swift.template import IGNORE_INDEX, get_template
+from swift.utils.registry import SwiftError
+from tests.conftest import train_argv
+
+
+def read_log(out):
+    with open(os.path.join(out, "logging.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def train_logs(out):
+    return [r for r in read_log(out) if "loss" in r]
+
+
+@pytest.mark.parametrize("rlhf_type", ["orpo", "cpo", "simpo"])
+def test_reference_free_algorithms_learn_a_small_preference_set(tmp_path, rlhf_type):
+    out = tmp_path / rlhf_type
+    rlhf_main(train_argv(out, "--rlhf_type", rlhf_type, "--dataset", "builtin:arith-dpo#16", "--tuner_type", "full",
+                         "--learning_rate", "1e-3", "--max_steps", "30", "--per_device_train_batch_size", "8",
+                         "--beta", "2.0" if rlhf_type == "simpo" else "1.0"))
+    logs = train_logs(out)
+    last = logs[-4:]
+    assert sum(r["rewards/margins"] for r in last) / 4 > logs[0]["rewards/margins"] + 0.005
+    assert sum(r["rewards/accuracies"] for r in last) / 4 >= 0.75
+    assert sum(r["loss"] for r in last) / 4 < logs[0]["loss"]
+
+
+def test_kto_pairs_each_prompt_with_a_mismatched_completion(tokenizer):
+    template = get_template("chatml", tokenizer, loss_scale="last_round")
+    rows = load_rows(["builtin:arith-kto#4"]).rows
+    samples = add_mismatched([encode_unpaired(template, r) for r in rows], batch_size=4)
+    for i, s in enumerate(samples):
+        (ids, labels), (kl_ids, kl_labels) = s["sequences"]
+        prompt_len = next(j for j, t in enumerate(labels) if t != IGNORE_INDEX)
+        previous_completion = samples[i - 1]["sequences"][0][0][prompt_len_of(samples[i - 1]):]
+        assert kl_ids[:prompt_len] == ids[:prompt_len] and kl_ids[prompt_len:] == previous_completion
+        assert s["label"] == rows[i]["label"]
+    batch = SequenceCollator(tokenizer.pad_token_id)(samples)
+    assert batch["input_ids"].shape[0] == 8 and batch["label"].tolist() == [r["label"] for r in rows]
+
+
+def prompt_len_of(sample):
+    return next(j for j, t in enumerate(sample["sequences"][0][1]) if t != IGNORE_INDEX)
+
+
+def test_kto_trains_and_logs_the_kl_baseline(tmp_path):
+    rlhf_main(train_argv(tmp_path, "--rlhf_type", "kto", "--dataset", "builtin:arith-kto#16", "--learning_rate",
+                         "5e-3", "--max_steps", "20", "--per_device_train_batch_size", "8", "--undesirable_weight", "1.2"))
+    logs = train_logs(tmp_path)
+    assert all("kl" in r and r["kl"] >= 0 for r in logs)
+    assert logs[0]["loss"] == pytest.approx(0.5 * (1 + 1.2) / 2, abs=0.05)  # σ(0) = ½ per row at step 0
+    assert sum(r["loss"] for r in logs[-4:]) / 4 < logs[0]["loss"] - 0.05
+    assert logs[-1]["rewards/chosen"] > logs[-1]["rewards/rejected"]
+
+
+def test_kto_needs_a_label(tmp_path):
+    with pytest.raises(SwiftError, match="label"):
+        rlhf_main(train_argv(tmp_path, "--rlhf_type", "kto", "--dataset", "builtin:arith-sft#4", "--strict", "true"))
+
+
+@pytest.mark.parametrize("tuner", ["full", "lora"])
+def test_precomputed_reference_gives_the_same_losses(tmp_path, tuner):
+    runs = {}
+    for precompute in ("false", "true"):
+        out = tmp_path / precompute
+        rlhf_main(train_argv(out, "--dataset", "builtin:arith-dpo#16", "--tuner_type", tuner, "--learning_rate", "1e-3",
+                             "--max_steps", "4", "--per_device_train_batch_size", "8",
+                             "--precompute_ref_log_probs", precompute))
+        runs[precompute] = [r["loss"] for r in train_logs(out)]
+    assert runs["true"] == pytest.approx(runs["false"], abs=1e-5)
+
+
+def test_reward_model_trains_and_loads_with_auto_class(tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    data = tmp_path / "pairs.jsonl"
+    rows = load_rows(["builtin:arith-dpo#16"]).rows
+    with open(data, "w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"prompt": r["messages"][0]["content"], "chosen": r["messages"][1]["content"],
+                                "rejected": r["rejected_response"], "margin": i % 3}) + "\n")
+    out = tmp_path / "rm"
+    rlhf_main(train_argv(out, "--rlhf_type", "rm", "--dataset", str(data), "--tuner_type", "full", "--learning_rate",
+                         "1e-3", "--max_steps", "40", "--per_device_train_batch_size", "8",
+                         "--center_rewards_coefficient", "0.01"))
+    logs = train_logs(out)
+    assert sum(r["accuracy"] for r in logs[-4:]) / 4 >= 0.9 and logs[-1]["margin"] > logs[0]["margin"] + 1
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.config.num_labels == 1
+    good = tokenizer.apply_chat_template([{"role": "user", "content": rows[0]["messages"][0]["content"]},
+                                          {"role": "assistant", "content": rows[0]["messages"][1]["content"]}],
+                                         tokenize=False)
+    bad = good.replace(rows[0]["messages"][1]["content"] + "<|im_end|>", rows[0]["rejected_response"] + "<|im_end|>")
+    with torch.no_grad():
+        scores = [model(**tokenizer(t, return_tensors="pt")).logits.item() for t in (good, bad)]
+    assert scores[0] > scores[1]
+
+
+def test_prm_labels_sit_on_step_separators(tokenizer):
+    from types import SimpleNamespace
+
+    template = get_template("chatml", tokenizer)
+    row = load_rows(["builtin:arith-prm#1"]).rows[0]
+    (ids, labels), = encode_steps(template, row, SimpleNamespace(step_separator="\n", max_length=None))["sequences"]
+    positions = [i for i, t in enumerate(labels) if t != IGNORE_INDEX]
+    assert [labels[i] for i in positions] == [int(x) for x in row["labels"]]
+    assert all(tokenizer.decode(ids[i]) == "\n" for i in positions)
+    assert tokenizer.decode(ids[positions[0] + 1:positions[1] + 1]) == row["completions"][1] + "\n"
+
+
+def test_prm_trains_and_loads_as_token_classifier(tmp_path):
+    from transformers import AutoModelForTokenClassification
+
+    out = tmp_path / "prm"
+    rlhf_main(train_argv(out, "--rlhf_type", "prm", "--dataset", "builtin:arith-prm#8", "--tuner_type", "full",
+                         "--learning_rate", "3e-3", "--max_steps", "30", "--per_device_train_batch_size", "8"))
+    logs = train_logs(out)  # memorises eight step-labelled rows
+    assert logs[-1]["step_accuracy"] == 1.0 and logs[-1]["loss"] < 0.5 * logs[0]["loss"]
+    model = AutoModelForTokenClassification.from_pretrained(out)
+    assert model.config.num_labels == 2
+
+
+def test_gkd_distils_a_teacher_on_and_off_policy(tmp_path):
+    from swift.pipelines.train import sft_main
+
+    teacher = tmp_path / "teacher"
+    sft_main(train_argv(teacher, "--tuner_type", "full", "--learning_rate", "3e-3", "--max_steps", "10",
+                        "--per_device_train_batch_size", "16"))
+    out = tmp_path / "gkd"
+    rlhf_main(train_argv(out, "--rlhf_type", "gkd", "--teacher_model", str(teacher), "--tuner_type", "full",
+                         "--learning_rate", "3e-3", "--max_steps", "16", "--per_device_train_batch_size", "8",
+                         "--lmbda", "0.5", "--sft_alpha", "0.1", "--max_completion_length", "6", "--seed", "1"))
+    logs = train_logs(out)
+    on_policy = [r["on_policy"] for r in logs]
+    assert 0 < sum(on_policy) < len(logs)  # some steps sampled from the student, some used the dataset
+    assert all(("sft_loss" in r) == (not r["on_policy"]) for r in logs)
+    assert sum(r["jsd"] for r in logs[-4:]) / 4 < logs[0]["jsd"]
+
+
+def test_gkd_needs_a_teacher(tmp_path):
+    with pytest.raises(SwiftError, match="--teacher_model"):
+        rlhf_main(train_argv(tmp_path, "--rlhf_type", "gkd"))
