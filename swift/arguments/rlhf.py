@@ -10,17 +10,17 @@ from swift.utils.registry import SwiftError
 
 @dataclass
 class RlhfArguments:
-    rlhf_type: str = field(default="dpo", metadata={"help": "Algorithm: dpo, orpo, simpo, cpo, kto, rm, prm, gkd."})
+    rlhf_type: str = field(default="dpo", metadata={"help": "Algorithm: dpo, orpo, simpo, cpo, kto, rm, prm, gkd, grpo."})
     ref_model: str | None = field(default=None, metadata={
         "help": "Reference model (default: the frozen starting model; for LoRA, the policy with adapters disabled)."})
     precompute_ref_log_probs: bool = field(default=False, metadata={
         "help": "Compute the reference log-probs of every sample once before training, then free the reference."})
     beta: float | None = field(default=None, metadata={
         "help": "β: KL strength (dpo, kto 0.1), odds-ratio weight (orpo 0.1), reward scale (cpo 0.1, simpo 2.0), "
-                "JSD interpolation (gkd 0.5)."})
+                "JSD interpolation (gkd 0.5), KL weight (grpo 0.04; 0 loads no reference model)."})
     loss_type: list[str] | None = field(default=None, metadata={
-        "help": "DPO losses, summed: sigmoid (default), ipo, hinge, robust, bco_pair, sppo_hard, nca_pair, apo_zero, "
-                "apo_down."})
+        "help": "dpo: losses, summed: sigmoid (default), ipo, hinge, robust, bco_pair, sppo_hard, nca_pair, apo_zero, "
+                "apo_down. grpo: loss aggregation grpo (default), bnpo, dr_grpo, dapo."})
     loss_weights: list[float] = field(default_factory=list, metadata={"help": "Weight of each --loss_type (default 1)."})
     label_smoothing: float = field(default=0.0, metadata={
         "help": "Assumed label-flip rate ε: cDPO with sigmoid, the robust loss's ε; also cpo and simpo."})
@@ -35,8 +35,8 @@ class RlhfArguments:
     teacher_model: str | None = field(default=None, metadata={"help": "gkd: the teacher (same vocabulary)."})
     lmbda: float = field(default=0.5, metadata={"help": "gkd: fraction of steps trained on the student's own samples."})
     sft_alpha: float = field(default=0.0, metadata={"help": "gkd: weight of the NLL of the dataset answers."})
-    max_completion_length: int = field(default=512, metadata={"help": "Most tokens the policy generates (gkd)."})
-    temperature: float = field(default=0.9, metadata={"help": "Sampling temperature of on-policy generation (gkd)."})
+    max_completion_length: int = field(default=512, metadata={"help": "Most tokens the policy generates (gkd, grpo)."})
+    temperature: float = field(default=0.9, metadata={"help": "Sampling temperature of on-policy generation (gkd, grpo)."})
 
     def __post_init__(self) -> None:
         from swift.rlhf import ALGORITHMS
@@ -58,6 +58,8 @@ class RlhfArguments:
             raise SwiftError(f"--label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
         if self.beta is not None and self.beta <= 0 and algo.trainer == "preference":
             raise SwiftError(f"--beta must be > 0, got {self.beta}")
+        if algo.trainer == "rollout":
+            self._check_online()
         if algo.trainer == "distill":
             if not 0 <= self.beta <= 1:
                 raise SwiftError(f"--beta must be in [0, 1] for gkd, got {self.beta}")
@@ -65,6 +67,82 @@ class RlhfArguments:
                 raise SwiftError("--rlhf_type gkd needs --teacher_model")
             if not 0 <= self.lmbda <= 1:
                 raise SwiftError(f"--lmbda must be in [0, 1], got {self.lmbda}")
+
+    # -- online RL (grpo) ---------------------------------------------------------------------------
+    num_generations: int = field(default=8, metadata={"help": "grpo: completions sampled per prompt (a group)."})
+    reward_funcs: list[str] = field(default_factory=list, metadata={
+        "help": "grpo: reward functions: accuracy, format, react_format, cosine, repetition, soft_overlong, toolbench, "
+                "gym_reward, names added by --external_plugins, module:Class, or an OpenRLHF reward_func .py file."})
+    reward_weights: list[float] = field(default_factory=list, metadata={
+        "help": "grpo: weight of each reward (functions, then --reward_model, then --reward_model_url; default 1)."})
+    reward_model: str | None = field(default=None, metadata={"help": "grpo: a local seq_cls reward model directory."})
+    reward_model_url: str | None = field(default=None, metadata={
+        "help": "grpo: URL of a `swift deploy --task_type seq_cls` server (its /v1/rewards)."})
+    external_plugins: list[str] = field(default_factory=list, metadata={
+        "help": "Python files imported at start (register rewards in swift.rewards.orms, schedulers in "
+                "swift.rollout.multi_turn.multi_turns)."})
+    epsilon: float = field(default=0.2, metadata={"help": "grpo: clip range ε of the importance ratio."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "grpo: upper clip ε_high (default ε; DAPO 0.28)."})
+    num_iterations: int = field(default=1, metadata={"help": "grpo: policy updates per rollout batch."})
+    advantage_estimator: str = field(default="grpo", metadata={
+        "help": "grpo: grpo, rloo, reinforce_plus_plus, reinforce_baseline, dr_grpo."})
+    scale_rewards: str | None = field(default=None, metadata={
+        "help": "grpo: divide advantages by the group's or batch's reward std: group, batch, none "
+                "(default group for the grpo estimator, none otherwise)."})
+    importance_sampling_level: str = field(default="token", metadata={"help": "grpo: token, or sequence (GSPO)."})
+    kl_estimator: str = field(default="k3", metadata={"help": "grpo: KL estimator k1, k2 or k3 (weighted by --beta)."})
+    top_entropy_quantile: float = field(default=1.0, metadata={
+        "help": "grpo: train only on this top fraction of completion tokens by entropy (1.0 = all)."})
+    dynamic_sample: bool = field(default=False, metadata={
+        "help": "grpo: sample again groups whose rewards are all equal (up to --max_resample_times)."})
+    max_resample_times: int = field(default=3, metadata={"help": "grpo: most resampling rounds per batch."})
+    overlong_filter: bool = field(default=False, metadata={"help": "grpo: truncated completions get no loss."})
+    soft_max_length: int | None = field(default=None, metadata={
+        "help": "soft_overlong reward: L_max (default --max_completion_length)."})
+    soft_cache_length: int | None = field(default=None, metadata={"help": "soft_overlong reward: L_cache."})
+    cosine_max_len: int | None = field(default=None, metadata={"help": "cosine reward: T (default --max_completion_length)."})
+    cosine_min_len_value_correct: float = field(default=1.0, metadata={"help": "cosine reward: correct, length 0."})
+    cosine_max_len_value_correct: float = field(default=0.5, metadata={"help": "cosine reward: correct, length T."})
+    cosine_min_len_value_wrong: float = field(default=-0.5, metadata={"help": "cosine reward: wrong, length 0."})
+    cosine_max_len_value_wrong: float = field(default=0.0, metadata={"help": "cosine reward: wrong, length T."})
+    repetition_n_grams: int = field(default=3, metadata={"help": "repetition reward: n."})
+    repetition_max_penalty: float = field(default=-1.0, metadata={"help": "repetition reward: its most negative value."})
+    top_p: float = field(default=1.0, metadata={"help": "Sampling top-p of rollouts."})
+    top_k: int = field(default=0, metadata={"help": "Sampling top-k of rollouts (0 = off)."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty of rollouts."})
+    multi_turn_scheduler: str | None = field(default=None, metadata={
+        "help": "grpo: multi-turn rollouts: math_tip_trick, gym, a name from a plugin, module:Class, or an OpenRLHF "
+                "AgentInstance .py file."})
+    max_turns: int | None = field(default=None, metadata={"help": "grpo: most turns of a multi-turn rollout."})
+    gym_env: str | None = field(default=None, metadata={
+        "help": "gym scheduler: environment when rows have no 'env' column (built in: guess_number)."})
+    log_completions: bool = field(default=False, metadata={
+        "help": "grpo: write every completion with its rewards to <output_dir>/completions.jsonl."})
+    use_vllm: bool = field(default=False, metadata={"help": "grpo: generate rollouts with vLLM."})
+    vllm_mode: str = field(default="colocate", metadata={"help": "grpo: colocate (vLLM in the trainer process)."})
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={
+        "help": "grpo colocate: fraction of accelerator memory vLLM may take."})
+    vllm_max_model_len: int | None = field(default=None, metadata={"help": "grpo colocate: vLLM context length."})
+
+    def _check_online(self) -> None:
+        from swift.rlhf.grpo import ADVANTAGE_ESTIMATORS
+
+        ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
+        choices = {"scale_rewards": (None, "group", "batch", "none"), "importance_sampling_level": ("token", "sequence"),
+                   "kl_estimator": ("k1", "k2", "k3"), "vllm_mode": ("colocate",)}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise SwiftError(f"--{name} {getattr(self, name)!r} is not one of "
+                                 f"{', '.join(a for a in allowed if a)}")
+        if self.num_generations < 2 and self.advantage_estimator != "reinforce_plus_plus":
+            raise SwiftError(f"--num_generations must be at least 2 for --advantage_estimator "
+                             f"{self.advantage_estimator} (advantages compare completions of one prompt)")
+        if self.num_iterations < 1:
+            raise SwiftError(f"--num_iterations must be >= 1, got {self.num_iterations}")
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise SwiftError(f"--top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}")
+        if self.beta < 0:
+            raise SwiftError(f"--beta must be >= 0, got {self.beta}")
 
     @property
     def algorithm(self):

@@ -140,6 +140,10 @@ class InferEngine(abc.ABC):
     def close(self) -> None:
         """Release the engine's resources (processes, threads); the engine is unusable afterwards."""
 
+    def sync_weights(self, model) -> None:
+        """Make the engine generate with `model`'s current weights, and check that it does."""
+        raise SwiftError(f"{type(self).__name__} cannot take weights from a trainer")
+
     def infer(self, requests: list[InferRequest], config: RequestConfig | None = None) -> list[InferResponse]:
         """Generate for many requests at once (they share decoding batches)."""
         config = config or RequestConfig()

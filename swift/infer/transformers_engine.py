@@ -68,6 +68,17 @@ class TransformersEngine(InferEngine):
         threading.Thread(target=self._worker, daemon=True, name="swift-engine").start()
 
     # -- public API ------------------------------------------------------------------------------
+    def sync_weights(self, model) -> None:
+        """In process, the engine generates with the trainer's own module, so nothing is copied; a
+        different module is copied over, and either way every parameter is checked to match."""
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
+        mine = dict(self.model.named_parameters())
+        for name, p in model.named_parameters():
+            q = mine.get(name)
+            if q is None or (q.data_ptr() != p.data_ptr() and not torch.equal(q, p)):
+                raise SwiftError(f"weight sync failed: engine parameter {name} differs from the trainer's")
+
     def _submit(self, request: InferRequest, config: RequestConfig, deliver, on_delta=None) -> _Job:
         prompt = self.encode(request)
         self.check(prompt, config)

@@ -15,10 +15,12 @@ from swift.model import load_model
 from swift.pipelines.base import resolve_args
 from swift.pipelines.train import TrainPipeline
 from swift.template.base import IGNORE_INDEX, RowError, Template
+from swift.trainers.grpo import GRPOTrainer
 from swift.trainers.rlhf import ClassifierTrainer, DistillTrainer, PreferenceTrainer
 from swift.utils.registry import SwiftError
 
-TRAINERS = {"preference": PreferenceTrainer, "classifier": ClassifierTrainer, "distill": DistillTrainer}
+TRAINERS = {"preference": PreferenceTrainer, "classifier": ClassifierTrainer, "distill": DistillTrainer,
+            "rollout": GRPOTrainer}
 
 
 def _split_completion(template: Template, row: dict) -> tuple[list[int], list[int], list[int]]:
@@ -101,8 +103,19 @@ def encode_conversation(template: Template, row: dict, a=None) -> dict:
     return {"sequences": [(enc.input_ids, enc.labels)], "prompt_ids": template.encode_prompt(row["messages"])}
 
 
+def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
+    """Online RL: the prompt (a trailing assistant answer is dropped) and every other column by name."""
+    messages = list(row["messages"])
+    if messages and messages[-1]["role"] == "assistant":
+        messages = messages[:-1]
+    if not messages:
+        raise RowError("no prompt: the row has only an assistant message")
+    template.encode_prompt(messages)  # fail here, with the row, if the prompt cannot be rendered
+    return {"messages": messages, "columns": {k: v for k, v in row.items() if k != "messages"}}
+
+
 ENCODERS: dict[str, Callable[..., dict]] = {"pair": encode_pair, "unpaired": encode_unpaired, "steps": encode_steps,
-                                            "conversation": encode_conversation}
+                                            "conversation": encode_conversation, "prompt": encode_prompt_row}
 
 
 class SequenceCollator:
@@ -133,10 +146,21 @@ class SequenceCollator:
         return out
 
 
+class PromptCollator:
+    """Online RL batches are lists of prompt rows; the trainer generates from them."""
+
+    def __call__(self, batch: list[dict]) -> list[dict]:
+        return batch
+
+
 class RLHFPipeline(TrainPipeline):
     task_types = ("causal_lm", "seq_cls", "token_cls")
 
     def __init__(self, args: RLHFArguments):
+        from swift.rewards.manager import import_plugin
+
+        for path in args.external_plugins:  # before any registry lookup, never during argument parsing
+            import_plugin(path)
         super().__init__(args)
         self.algorithm = args.rlhf_args.algorithm
         self.trainer_cls = TRAINERS[self.algorithm.trainer]
@@ -154,12 +178,12 @@ class RLHFPipeline(TrainPipeline):
         return samples
 
     def collator(self, tokenizer, model):
-        return SequenceCollator(tokenizer.pad_token_id)
+        return PromptCollator() if self.algorithm.data == "prompt" else SequenceCollator(tokenizer.pad_token_id)
 
     def trainer_kwargs(self, model) -> dict[str, Any]:
         a, algo = self.args, self.algorithm
         extra: dict[str, Any] = {"algorithm": algo, "rlhf_args": a.rlhf_args}
-        if algo.reference:
+        if algo.reference and a.beta != 0:  # grpo with β = 0 loads no reference model
             if a.ref_model:
                 extra["ref_model"] = load_model(a.ref_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype)[0]
             elif (a.tuner_type == "lora" and not a.adapters) or a.precompute_ref_log_probs:
@@ -172,7 +196,40 @@ class RLHFPipeline(TrainPipeline):
                 raise SwiftError(f"--teacher_model {a.teacher_model} has a vocabulary of {teacher.config.vocab_size} "
                                  f"tokens, the student {model.config.vocab_size}; distillation needs the same one")
             extra["teacher_model"] = teacher
+        if algo.trainer == "rollout":
+            extra.update(self._rollout_parts())
         return extra
+
+    def _rollout_parts(self) -> dict[str, Any]:
+        from swift.rewards.manager import RewardManager, build_reward_funcs
+        from swift.rollout.multi_turn import build_scheduler
+
+        a = self.args
+        if a.per_device_train_batch_size % a.num_generations:
+            raise SwiftError(f"--per_device_train_batch_size ({a.per_device_train_batch_size}) counts completions and "
+                             f"must be a multiple of --num_generations ({a.num_generations})")
+        funcs = build_reward_funcs(a.reward_funcs, a.rlhf_args, a.reward_model, a.reward_model_url)
+        return {"reward_manager": RewardManager(funcs, a.reward_weights or None),
+                "scheduler": build_scheduler(a.multi_turn_scheduler, a.max_turns, env=a.gym_env),
+                "engine_factory": self._engine_factory()}
+
+    def _engine_factory(self):
+        a = self.args
+        template = self.template
+
+        def transformers_engine(model):
+            from swift.infer.transformers_engine import TransformersEngine
+
+            return TransformersEngine(model, template.tokenizer, template,
+                                      max_batch_size=max(a.per_device_train_batch_size, 8))
+
+        def vllm_engine(model):
+            from swift.infer.vllm_engine import colocated_vllm_engine
+
+            return colocated_vllm_engine(model, template, gpu_memory_utilization=a.vllm_gpu_memory_utilization,
+                                         max_model_len=a.vllm_max_model_len, seed=a.seed)
+
+        return vllm_engine if a.use_vllm else transformers_engine
 
 
 def rlhf_main(args: RLHFArguments | list[str] | None = None) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class TrainPipeline:
         template = get_template(name, tokenizer, system=a.system, max_length=a.max_length,
                                 truncation_strategy=a.truncation_strategy, loss_scale=a.loss_scale)
         logger.info(f"model {a.model} ({info.model_type}), template {name}")
+        self.template = template
         return model, tokenizer, template, info
 
     def datasets(self, template) -> tuple[Any, Any, list[dict]]:

@@ -81,6 +81,15 @@ class Template(abc.ABC):
         text, _ = self.render(messages, add_generation_prompt=True, tools=tools)
         return self._tokenize(text)[0]
 
+    def encode_continuation(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        """Token ids from which generation continues: after a generation prompt, or inside the last
+        assistant message when the conversation ends with one (a multi-turn rollout that edits it)."""
+        messages = self.with_system(messages)
+        if not messages or messages[-1]["role"] != "assistant":
+            return self.encode_prompt(messages, tools)
+        text, _ = self.render(messages[:-1], add_generation_prompt=True, tools=tools)
+        return self._tokenize(text + messages[-1]["content"])[0]
+
     def _encode_text(self, text: str) -> Encoded:
         ids = self._tokenize(text)[0] + [self.tokenizer.eos_token_id]
         return Encoded(ids, list(ids))

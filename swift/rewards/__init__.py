@@ -1,0 +1,15 @@
+"""Reward functions for online RL. ms-swift plugin files work unchanged:
+
+    from swift.rewards import ORM, orms
+
+    class MyReward(ORM):
+        def __call__(self, completions, solution, **kwargs) -> list[float]: ...
+
+    orms['my_reward'] = MyReward
+
+An ORM class is instantiated once (with the run's arguments) and called with the completions and
+every dataset column by name; `None` in the returned list means "not applicable" for that row."""
+from swift.rewards.base import ORM, AsyncORM, orms
+from swift.rewards import builtin  # noqa: F401  (registers the built-ins)
+
+__all__ = ["ORM", "AsyncORM", "orms"]

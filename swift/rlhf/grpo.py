@@ -1,0 +1,145 @@
+"""GRPO family: advantage estimators, the clipped policy loss and its aggregations, KL estimators.
+
+Rewards arrive as a flat tensor of P prompts × G generations (prompt-major) and are viewed [P, G].
+
+Advantages (`--advantage_estimator`, then `--scale_rewards group|batch|none` divides by the
+group's or the batch's reward std + 1e-4):
+  grpo (arXiv 2402.03300):  r − mean_g, scaled (group by default)
+  dr_grpo (arXiv 2503.20783), reinforce_baseline:  r − mean_g, not scaled by default
+  rloo (arXiv 2402.14740):  r − (sum_g − r) / (G − 1)
+  reinforce_plus_plus (arXiv 2501.03262):  r whitened over the batch: (r − mean_b) / (std_b + 1e-4)
+
+Policy loss per completion token t, with ratio w_t = exp(log π(t) − log π_old(t)) (token level) or
+the sequence's geometric-mean ratio (`--importance_sampling_level sequence`, GSPO arXiv 2507.18071):
+  ℓ_t = −min(w_t A, clip(w_t, 1 − ε, 1 + ε_high) A) + β KL_t
+with KL_t = k3 = e^(ref − logp) − (ref − logp) − 1 (k1 = logp − ref, k2 = ½ (logp − ref)²).
+Aggregation (`--loss_type`): grpo = mean over each sequence's tokens then over sequences; bnpo =
+mean over the batch's tokens; dr_grpo = sum / (sequences × max_completion_length); dapo = sum /
+tokens in the global batch (arXiv 2503.14476).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.utils.registry import Registry
+
+EPS = 1e-4
+ADVANTAGE_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("advantage estimator")
+DEFAULT_SCALE = {"grpo": "group"}  # the others are unscaled unless --scale_rewards says so
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo")
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
+@ADVANTAGE_ESTIMATORS.register("reinforce_baseline")
+def group_baseline(rewards: torch.Tensor) -> torch.Tensor:
+    """r − mean over the group; rewards [P, G]."""
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def leave_one_out(rewards: torch.Tensor) -> torch.Tensor:
+    """r − mean of the other G − 1 rewards of the group."""
+    g = rewards.size(1)
+    return rewards - (rewards.sum(dim=1, keepdim=True) - rewards) / max(g - 1, 1)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+def batch_whitened(rewards: torch.Tensor) -> torch.Tensor:
+    """(r − batch mean) / (batch std + 1e-4)."""
+    return (rewards - rewards.mean()) / (rewards.std() + EPS) if rewards.numel() > 1 else rewards - rewards.mean()
+
+
+def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: str = "grpo",
+                       scale_rewards: str | None = None) -> torch.Tensor:
+    """Flat rewards [P·G] → flat advantages [P·G]."""
+    grouped = rewards.view(-1, num_generations)
+    advantages = ADVANTAGE_ESTIMATORS.get(estimator)(grouped)
+    scale = scale_rewards or DEFAULT_SCALE.get(estimator, "none")
+    if scale == "group":
+        advantages = advantages / (grouped.std(dim=1, keepdim=True) + EPS) if num_generations > 1 else advantages
+    elif scale == "batch":
+        advantages = advantages / (rewards.std() + EPS) if rewards.numel() > 1 else advantages
+    elif scale != "none":
+        raise ValueError(f"scale_rewards must be group, batch or none, got {scale!r}")
+    return advantages.reshape(-1)
+
+
+def kl_estimate(logps: torch.Tensor, ref_logps: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token KL(π ‖ π_ref) estimators (Schulman 2020): k1, k2, k3 (unbiased, non-negative)."""
+    d = ref_logps - logps
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d ** 2
+    return torch.exp(d) - d - 1
+
+
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile: float) -> torch.Tensor:
+    """Keep the `top_quantile` highest-entropy completion tokens (arXiv 2506.01939)."""
+    values = entropies[mask.bool()].float()
+    if values.numel() == 0:
+        return torch.zeros_like(mask, dtype=torch.bool)
+    threshold = torch.quantile(values, 1 - top_quantile)
+    return (entropies * mask >= threshold) & mask.bool()
+
+
+POLICY_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("GRPO loss type")
+
+
+@POLICY_LOSSES.register("grpo")
+def per_sequence_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
+    return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+@POLICY_LOSSES.register("bnpo")
+def token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
+    return (loss * mask).sum() / mask.sum().clamp(min=1)
+
+
+@POLICY_LOSSES.register("dr_grpo")
+def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, *, max_completion_length: int, **_) -> torch.Tensor:
+    return (loss * mask).sum() / (loss.size(0) * max_completion_length)
+
+
+@POLICY_LOSSES.register("dapo")
+def global_token_mean(loss: torch.Tensor, mask: torch.Tensor, *, num_items_in_batch=None, **_) -> torch.Tensor:
+    total = mask.sum() if num_items_in_batch is None else num_items_in_batch
+    return (loss * mask).sum() / torch.as_tensor(total, dtype=loss.dtype).clamp(min=1)
+
+
+def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
+                ref_logps: torch.Tensor | None = None, kl_type: str = "k3", importance_sampling_level: str = "token",
+                loss_type: str = "grpo", max_completion_length: int | None = None, token_weights=None,
+                num_items_in_batch=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped surrogate of every completion token ([B, T] tensors; `advantages` [B]), aggregated by
+    `loss_type`. `token_weights` (e.g. the high-entropy mask) multiply the policy term. Returns the loss
+    and per-token diagnostics (ratio, clipped flags, kl)."""
+    log_ratio = logps - old_logps
+    if importance_sampling_level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)
+    elif importance_sampling_level != "token":
+        raise ValueError(f"importance_sampling_level must be token or sequence, got {importance_sampling_level!r}")
+    ratio = torch.exp(log_ratio)
+    high = epsilon if epsilon_high is None else epsilon_high
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + high)
+    adv = advantages.unsqueeze(-1)
+    per_token = -torch.min(ratio * adv, clipped * adv)
+    if token_weights is not None:
+        per_token = per_token * token_weights
+    kl = None
+    if beta:
+        kl = kl_estimate(logps, ref_logps, kl_type)
+        per_token = per_token + beta * kl
+    loss = POLICY_LOSSES.get(loss_type)(per_token, mask, max_completion_length=max_completion_length,
+                                        num_items_in_batch=num_items_in_batch)
+    info = {"ratio": ratio.expand_as(logps), "low_clipped": (ratio < 1 - epsilon) & (adv < 0),
+            "high_clipped": (ratio > 1 + high) & (adv > 0), "kl": kl}
+    return loss, info
+
+
+ALGORITHMS.register("grpo", Algorithm(trainer="rollout", data="prompt", loss=policy_loss, reference=True,
+                                      defaults={"beta": 0.04, "loss_type": ["grpo"]}, loss_types=POLICY_LOSSES))

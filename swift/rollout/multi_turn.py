@@ -1,0 +1,204 @@
+"""Multi-turn rollouts. ms-swift plugin files work unchanged:
+
+    from swift.rollout.multi_turn import MultiTurnScheduler, multi_turns
+
+    class MyScheduler(MultiTurnScheduler):
+        def check_finished(self, infer_request, response_choice, current_turn) -> bool: ...
+        def step(self, infer_request, response_choice, current_turn) -> dict: ...
+
+    multi_turns['my_scheduler'] = MyScheduler
+
+After each generated turn the rollout appends the answer to `infer_request.messages`, asks
+`check_finished`, and otherwise calls `step`, which returns `{"infer_request": ...}` with the
+messages for the next turn (e.g. a tool or environment reply, or an edited assistant message).
+Tokens the model generated carry loss; tokens the environment added carry none.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from swift.rewards.builtin import is_correct
+from swift.utils.registry import Registry, SwiftError
+
+
+@dataclass
+class RolloutInferRequest:
+    """One trajectory in progress: its conversation and its dataset row (`data_dict`)."""
+
+    messages: list[dict]
+    data_dict: dict[str, Any] = field(default_factory=dict)
+    rollout_infos: dict[str, Any] = field(default_factory=dict)  # passed to reward functions by name
+
+
+class MultiTurnScheduler:
+    def __init__(self, max_turns: int | None = None, *args, **kwargs):
+        self.max_turns = max_turns
+
+    def check_finished(self, infer_request: RolloutInferRequest, response_choice, current_turn: int) -> bool:
+        """Stop when the answer was cut off by the length limit, or after `--max_turns` turns."""
+        if response_choice.finish_reason == "length":
+            return True
+        return bool(self.max_turns) and current_turn >= self.max_turns
+
+    def step(self, infer_request: RolloutInferRequest, response_choice, current_turn: int) -> dict:
+        return {"infer_request": infer_request}
+
+
+multi_turns: Registry[type] = Registry("multi-turn scheduler")
+
+
+@multi_turns.register("math_tip_trick")
+class MathTipTrick(MultiTurnScheduler):
+    """A wrong answer gets one more try: the answer is cut before `<answer>`/`</think>`, a hint is
+    appended to the same assistant message, and the model continues from there."""
+
+    tip = "The answer is not correct, it seems you made a mistake; let me recheck very carefully."
+
+    def check_finished(self, infer_request, response_choice, current_turn):
+        last = infer_request.messages[-1]["content"]
+        if self.tip in last:  # the tip is given once
+            return True
+        if is_correct(last, infer_request.data_dict.get("solution", "")) == 1.0:
+            return True
+        return super().check_finished(infer_request, response_choice, current_turn)
+
+    def step(self, infer_request, response_choice, current_turn):
+        answer = infer_request.messages[-1]["content"]
+        for marker in ("<answer>", "</think>"):
+            if marker in answer:
+                answer = answer[:answer.index(marker)]
+        infer_request.messages[-1] = {"role": "assistant", "content": answer + self.tip}
+        return {"infer_request": infer_request}
+
+
+# -- gym-style environments ----------------------------------------------------------------------
+class Env:
+    """A gym-style text environment: `reset(data_dict) -> observation`, `step(action) -> (observation,
+    reward, done, info)`."""
+
+    def reset(self, data_dict: dict) -> str:
+        raise NotImplementedError(f"{type(self).__name__} must define reset")
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        raise NotImplementedError(f"{type(self).__name__} must define step")
+
+
+envs: Registry[type] = Registry("environment")
+
+
+@envs.register("guess_number")
+class GuessNumber(Env):
+    """Guess the row's `solution` (an integer); the environment answers 'higher' or 'lower'.
+    Reward 1 for a right guess, 0 otherwise."""
+
+    def reset(self, data_dict):
+        self.target = int(str(data_dict["solution"]).strip())
+        return ""
+
+    def step(self, action):
+        digits = "".join(ch for ch in action if ch.isdigit() or ch == "-")
+        try:
+            guess = int(digits)
+        except ValueError:
+            return "Answer with a number.", 0.0, False, {}
+        if guess == self.target:
+            return "", 1.0, True, {}
+        return ("higher" if guess < self.target else "lower"), 0.0, False, {}
+
+
+@multi_turns.register("gym")
+class GymScheduler(MultiTurnScheduler):
+    """Runs the environment named by the row's `env` column (or `--gym_env`): each answer is an
+    action, each observation becomes the next user message; the summed environment reward is handed
+    to reward functions as the `gym_reward` column (see the `gym_reward` reward)."""
+
+    def __init__(self, max_turns=None, *args, env: str | None = None, **kwargs):
+        super().__init__(max_turns)
+        self.default_env = env
+        self._envs: dict[int, tuple[Env, list]] = {}
+
+    def _env(self, request):
+        key = id(request)
+        if key not in self._envs:
+            name = request.data_dict.get("env") or self.default_env
+            if not name:
+                raise SwiftError("the gym scheduler needs an 'env' column or --gym_env")
+            env = envs.get(name)()
+            env.reset(request.data_dict)
+            self._envs[key] = (env, [])
+            request.rollout_infos["gym_reward"] = 0.0
+        return self._envs[key]
+
+    def check_finished(self, infer_request, response_choice, current_turn):
+        env, _ = self._env(infer_request)
+        observation, reward, done, _info = env.step(infer_request.messages[-1]["content"])
+        infer_request.rollout_infos["gym_reward"] += reward
+        infer_request.rollout_infos["_observation"] = observation
+        finished = done or super().check_finished(infer_request, response_choice, current_turn)
+        if finished:
+            self._envs.pop(id(infer_request), None)
+        return finished
+
+    def step(self, infer_request, response_choice, current_turn):
+        observation = infer_request.rollout_infos.pop("_observation", "")
+        infer_request.messages.append({"role": "user", "content": observation})
+        return {"infer_request": infer_request}
+
+
+class AgentInstanceScheduler(MultiTurnScheduler):
+    """Runs an OpenRLHF-style `AgentInstance` (async `reset(states)` and `step(states)`, returning
+    `environment_feedback`, `done` and `rewards`); the feedback becomes the next user message and
+    the last reward is handed to reward functions as `agent_reward`."""
+
+    def __init__(self, agent_cls, max_turns=None, *args, **kwargs):
+        super().__init__(max_turns)
+        self.agent_cls = agent_cls
+        self._agents: dict[int, Any] = {}
+
+    @staticmethod
+    def _run(value):
+        import asyncio
+
+        return asyncio.run(value) if inspect.isawaitable(value) else value
+
+    def check_finished(self, infer_request, response_choice, current_turn):
+        key = id(infer_request)
+        label = infer_request.data_dict.get("solution", infer_request.data_dict.get("label"))
+        if key not in self._agents:
+            agent = self.agent_cls()
+            prompt = "\n".join(m["content"] for m in infer_request.messages[:-1])
+            self._run(agent.reset({"observation": prompt, "label": label}))
+            self._agents[key] = agent
+        action = infer_request.messages[-1]["content"]
+        result = self._run(self._agents[key].step({"observation_text": "", "action_text": action, "label": label}))
+        reward = result.get("rewards", 0.0)
+        infer_request.rollout_infos["agent_reward"] = float(reward.item() if hasattr(reward, "item") else reward)
+        infer_request.rollout_infos["_feedback"] = result.get("environment_feedback", "")
+        finished = bool(result.get("done")) or super().check_finished(infer_request, response_choice, current_turn)
+        if finished:
+            self._agents.pop(key, None)
+        return finished
+
+    def step(self, infer_request, response_choice, current_turn):
+        infer_request.messages.append({"role": "user", "content": infer_request.rollout_infos.pop("_feedback", "")})
+        return {"infer_request": infer_request}
+
+
+def build_scheduler(name: str | None, max_turns: int | None, **kwargs) -> MultiTurnScheduler | None:
+    """A registered name, a `module:Class` path, or a `.py` file defining `AgentInstance` (OpenRLHF)."""
+    if not name:
+        return None
+    if name.endswith(".py"):
+        from swift.rewards.manager import import_plugin
+
+        module = import_plugin(name)
+        if not hasattr(module, "AgentInstance"):
+            raise SwiftError(f"--multi_turn_scheduler {name}: the file defines no AgentInstance class")
+        return AgentInstanceScheduler(module.AgentInstance, max_turns)
+    cls = multi_turns.get(name)
+    accepted = inspect.signature(cls.__init__).parameters
+    extra = {k: v for k, v in kwargs.items() if k in accepted or any(
+        p.kind is p.VAR_KEYWORD for p in accepted.values())}
+    return cls(max_turns=max_turns, **extra)

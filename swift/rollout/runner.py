@@ -1,0 +1,110 @@
+"""Turn prompts into trajectories with any InferEngine: one request with n samples per prompt for
+single-turn rollouts (the engine shares the prompt's prefill), or turn-by-turn with a scheduler."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from swift.infer.protocol import InferEngine, InferRequest, RequestConfig
+from swift.rollout.multi_turn import MultiTurnScheduler, RolloutInferRequest
+from swift.template.base import Template
+from swift.utils.registry import SwiftError
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    completion_ids: list[int]  # every token after the prompt, generated or added by the environment
+    loss_mask: list[int]  # 1 where the model generated the token
+    text: str  # the final assistant message (what reward functions judge)
+    truncated: bool  # the last turn hit the length limit
+    messages: list[dict]  # the whole conversation
+    rollout_infos: dict[str, Any] = field(default_factory=dict)
+    turns: int = 1
+
+
+def _with_end(choice, eos: int | None) -> list[int]:
+    return list(choice.token_ids) + ([eos] if choice.finish_reason == "stop" and eos is not None else [])
+
+
+def single_turn(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
+                n: int, eos: int | None) -> list[Trajectory]:
+    prompts = [template.encode_continuation(r.messages) for r in requests]
+    responses = engine.infer([InferRequest(input_ids=p) for p in prompts], replace(config, n=n))
+    out = []
+    for request, prompt, response in zip(requests, prompts, responses):
+        for choice in response.choices:
+            completion = _with_end(choice, eos)
+            out.append(Trajectory(prompt, completion, [1] * len(completion), choice.text,
+                                  choice.finish_reason == "length",
+                                  [*request.messages, {"role": "assistant", "content": choice.text}],
+                                  dict(request.rollout_infos)))
+    return out
+
+
+def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
+               n: int, eos: int | None, scheduler: MultiTurnScheduler, max_completion_length: int) -> list[Trajectory]:
+    """Every trajectory advances one turn per engine call (all active ones batched together)."""
+    states = [copy.deepcopy(r) for r in requests for _ in range(n)]
+    ids = [template.encode_continuation(s.messages) for s in states]
+    prompt_len = [len(x) for x in ids]
+    masks: list[list[int]] = [[] for _ in states]
+    texts, truncated, turns = [""] * len(states), [False] * len(states), [0] * len(states)
+    active = list(range(len(states)))
+    seed = config.seed
+    while active:
+        budget = {i: max_completion_length - (len(ids[i]) - prompt_len[i]) for i in active}
+        for i in [i for i in active if budget[i] <= 0]:
+            truncated[i] = True
+        active = [i for i in active if budget[i] > 0]
+        if not active:
+            break
+        responses = engine.infer(
+            [InferRequest(input_ids=ids[i]) for i in active],
+            replace(config, n=1, max_tokens=min(config.max_tokens, min(budget[i] for i in active)),
+                    seed=None if seed is None else seed + sum(turns)))
+        still = []
+        for i, response in zip(active, responses):
+            choice = response.choices[0]
+            generated = _with_end(choice, eos)
+            ids[i] = ids[i] + generated
+            masks[i] += [1] * len(generated)
+            turns[i] += 1
+            state = states[i]
+            state.messages.append({"role": "assistant", "content": choice.text})
+            texts[i], truncated[i] = choice.text, choice.finish_reason == "length"
+            if scheduler.check_finished(state, choice, turns[i]):
+                continue
+            state = scheduler.step(state, choice, turns[i])["infer_request"]
+            states[i] = state
+            following = template.encode_continuation(state.messages)
+            keep = _common_prefix(ids[i], following)
+            if keep < prompt_len[i]:
+                raise SwiftError(f"multi-turn scheduler {type(scheduler).__name__} changed the prompt of a trajectory")
+            # tokens the model generated and the scheduler kept carry loss; everything new is environment
+            masks[i] = masks[i][:keep - prompt_len[i]] + [0] * (len(following) - keep)
+            ids[i] = following
+            texts[i] = state.messages[-1]["content"] if state.messages[-1]["role"] == "assistant" else texts[i]
+            still.append(i)
+        active = still
+    return [Trajectory(ids[i][:prompt_len[i]], ids[i][prompt_len[i]:], masks[i], texts[i], truncated[i],
+                       states[i].messages, dict(states[i].rollout_infos), turns[i]) for i in range(len(states))]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    k = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        k += 1
+    return k
+
+
+def rollout(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
+            n: int, *, eos: int | None, scheduler: MultiTurnScheduler | None = None,
+            max_completion_length: int = 512) -> list[Trajectory]:
+    """n trajectories per request, request-major."""
+    if scheduler is None:
+        return single_turn(engine, template, requests, config, n, eos)
+    return multi_turn(engine, template, requests, config, n, eos, scheduler, max_completion_length)

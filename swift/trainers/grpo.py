@@ -1,0 +1,297 @@
+"""The online (GRPO-family) trainer: sample → score → advantages → `num_iterations` clipped
+policy updates → push weights to the engine, on the HF Trainer loop.
+
+Each dataloader batch holds `per_device_train_batch_size / num_generations` prompts; the sampler
+repeats every batch `num_iterations` times so the same rollout is trained on that many times
+against its old log-probs."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+from swift.infer.protocol import RequestConfig
+from swift.rlhf.grpo import compute_advantages, high_entropy_mask
+from swift.rollout.multi_turn import RolloutInferRequest
+from swift.rollout.runner import Trajectory, rollout
+from swift.trainers.rlhf import RLHFTrainer
+from swift.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+class RepeatBatchSampler(Sampler):
+    """Shuffled batches of `batch_size` indices per rank, each repeated `repeats` times in a row on
+    that rank (accelerate deals whole batches to ranks round-robin, so the repeats are interleaved)."""
+
+    def __init__(self, n: int, batch_size: int, repeats: int, world: int, seed: int):
+        self.n, self.batch_size, self.repeats, self.world, self.seed = n, batch_size, repeats, world, seed
+        self.epoch = 0
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        self.epoch += 1
+        order = torch.randperm(self.n, generator=g).tolist()
+        block = self.batch_size * self.world
+        for start in range(0, self.n - block + 1, block):
+            batches = [order[start + r * self.batch_size:start + (r + 1) * self.batch_size] for r in range(self.world)]
+            for _ in range(self.repeats):
+                for batch in batches:
+                    yield from batch
+
+    def __len__(self) -> int:
+        return (self.n // (self.batch_size * self.world)) * self.batch_size * self.world * self.repeats
+
+
+@dataclass
+class Rollout:
+    """A scored batch of trajectories as tensors: left-padded prompts, right-padded completions."""
+
+    batch: dict[str, torch.Tensor]
+    trajectories: list[Trajectory]
+    rewards: torch.Tensor
+    per_func: list[list[float]]
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def token_logps(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs and entropies ([B, Lc]) of the completion tokens under the sampling
+    distribution (logits / temperature), from left-padded prompts and right-padded completions."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+    lc = batch["completion_ids"].size(1)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=lc + 1,
+                   use_cache=False).logits[:, :-1].float()
+    if temperature and temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    token = logp.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    return token, entropy_from_logits(logits.detach())
+
+
+class GRPOTrainer(RLHFTrainer):
+    def __init__(self, *args, ref_model=None, reward_manager, scheduler=None, engine_factory, **kwargs):
+        super().__init__(*args, **kwargs)
+        a = self.rlhf_args
+        self.ref_model = ref_model.to(self.args.device).eval().requires_grad_(False) if ref_model is not None else None
+        self.rewards = reward_manager
+        self.scheduler = scheduler
+        self.engine_factory = engine_factory  # (model) -> InferEngine sharing or loading the policy weights
+        self.engine = None
+        self.num_generations = a.num_generations
+        self._rollout: Rollout | None = None
+        self._uses = 0
+        self._completions_path = os.path.join(self.args.output_dir, "completions.jsonl")
+
+    # -- data --------------------------------------------------------------------------------------
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return RepeatBatchSampler(len(dataset), self.args.per_device_train_batch_size, self.rlhf_args.num_iterations,
+                                  self.args.world_size, self.args.seed)
+
+    def get_train_dataloader(self):
+        # a "sample" is a prompt; the configured batch size counts completions
+        size, total = self.args.per_device_train_batch_size, self._train_batch_size
+        self.args.per_device_train_batch_size = size // self.num_generations
+        self._train_batch_size = total // self.num_generations
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.args.per_device_train_batch_size, self._train_batch_size = size, total
+
+    # -- rollout -----------------------------------------------------------------------------------
+    def _policy_engine(self):
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if self.engine is None:
+            self.engine = self.engine_factory(unwrapped)
+        self.engine.sync_weights(unwrapped)  # in-process: checked to be the trainer's own weights
+        return self.engine
+
+    def _request_config(self, greedy: bool = False) -> RequestConfig:
+        a = self.rlhf_args
+        if greedy:
+            return RequestConfig(max_tokens=a.max_completion_length, temperature=0.0)
+        return RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p,
+                             top_k=a.top_k, repetition_penalty=a.repetition_penalty)
+
+    def _generate(self, prompts: list[dict], n: int, greedy: bool = False) -> list[Trajectory]:
+        engine = self._policy_engine()
+        requests = [RolloutInferRequest(messages=list(p["messages"]), data_dict=p["columns"]) for p in prompts]
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()
+        try:
+            return rollout(engine, self.template, requests, self._request_config(greedy), n,
+                           eos=self.processing_class.eos_token_id, scheduler=self.scheduler,
+                           max_completion_length=self.rlhf_args.max_completion_length)
+        finally:
+            model.train(was_training)
+
+    def _score(self, prompts: list[dict], trajectories: list[Trajectory], n: int):
+        rows = [p for p in prompts for _ in range(n)]
+        columns: dict[str, list] = {}
+        for key in rows[0]["columns"]:
+            columns[key] = [r["columns"].get(key) for r in rows]
+        columns["messages"] = [r["messages"] for r in rows]
+        for key in {k for t in trajectories for k in t.rollout_infos}:
+            columns[key] = [t.rollout_infos.get(key) for t in trajectories]
+        columns["response_token_ids"] = [[t for t, m in zip(x.completion_ids, x.loss_mask) if m] for x in trajectories]
+        columns["prompt_texts"] = [self.processing_class.decode(t.prompt_ids) for t in trajectories]
+        totals, per_func = self.rewards([t.text for t in trajectories], columns)
+        return torch.tensor(totals, dtype=torch.float32).nan_to_num(0.0), per_func
+
+    def _generate_and_score(self, prompts: list[dict]) -> Rollout:
+        a, n = self.rlhf_args, self.num_generations
+        trajectories = self._generate(prompts, n)
+        rewards, per_func = self._score(prompts, trajectories, n)
+        if a.dynamic_sample:  # DAPO: groups whose rewards are all equal teach nothing; sample them again
+            for _ in range(a.max_resample_times):
+                flat = rewards.view(-1, n).std(dim=1) if n > 1 else torch.zeros(len(prompts))
+                again = [i for i, s in enumerate(flat.tolist()) if s == 0]
+                if not again:
+                    break
+                redo = self._generate([prompts[i] for i in again], n)
+                redo_rewards, redo_per_func = self._score([prompts[i] for i in again], redo, n)
+                for j, i in enumerate(again):
+                    trajectories[i * n:(i + 1) * n] = redo[j * n:(j + 1) * n]
+                    rewards[i * n:(i + 1) * n] = redo_rewards[j * n:(j + 1) * n]
+                    for f in range(len(per_func)):
+                        per_func[f][i * n:(i + 1) * n] = redo_per_func[f][j * n:(j + 1) * n]
+        advantages = compute_advantages(rewards, n, a.advantage_estimator, a.scale_rewards)
+        batch = self._tensorize(trajectories)
+        batch["advantages"] = advantages
+        with torch.no_grad():
+            device_batch = self._prepare_inputs(dict(batch))
+            if a.num_iterations > 1:
+                batch["old_logps"] = self._token_logps(self.model, device_batch)[0].detach()
+            if a.beta:
+                batch["ref_logps"] = self._reference_logps(device_batch).detach()
+        self._log_rollout(prompts, trajectories, rewards, per_func, advantages)
+        return Rollout(batch, trajectories, rewards, per_func)
+
+    def _tensorize(self, trajectories: list[Trajectory]) -> dict[str, torch.Tensor]:
+        pad = self.processing_class.pad_token_id
+        lp = max(len(t.prompt_ids) for t in trajectories)
+        lc = max(max(len(t.completion_ids) for t in trajectories), 1)
+        b = len(trajectories)
+        prompt = torch.full((b, lp), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((b, lp), dtype=torch.long)
+        completion = torch.full((b, lc), pad, dtype=torch.long)
+        completion_mask = torch.zeros((b, lc), dtype=torch.long)  # attention: every completion token
+        loss_mask = torch.zeros((b, lc), dtype=torch.float32)  # loss: generated tokens only
+        for i, t in enumerate(trajectories):
+            prompt[i, lp - len(t.prompt_ids):] = torch.tensor(t.prompt_ids)
+            prompt_mask[i, lp - len(t.prompt_ids):] = 1
+            if t.completion_ids:
+                completion[i, :len(t.completion_ids)] = torch.tensor(t.completion_ids)
+                completion_mask[i, :len(t.completion_ids)] = 1
+                loss_mask[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            if t.truncated and self.rlhf_args.overlong_filter:
+                loss_mask[i] = 0  # truncated answers say nothing about the reward of a finished one
+        return {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
+                "completion_mask": completion_mask, "loss_mask": loss_mask,
+                "truncated": torch.tensor([t.truncated for t in trajectories])}
+
+    # -- log-probs ---------------------------------------------------------------------------------
+    def _token_logps(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logps(model, batch, self.rlhf_args.temperature)
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+
+    def _reference_logps(self, batch) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._token_logps(self.ref_model, batch)[0]
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        with unwrapped.disable_adapter():  # LoRA: the reference is the base weights
+            return self._token_logps(self.model, batch)[0]
+
+    # -- training ----------------------------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self._uses % self.rlhf_args.num_iterations == 0:
+            self._rollout = self._generate_and_score(inputs)
+        self._uses += 1
+        return super().training_step(model, dict(self._rollout.batch), num_items_in_batch)
+
+    def loss_and_metrics(self, model, inputs):
+        a = self.rlhf_args
+        logps, entropies = self._token_logps(model, inputs)
+        mask = inputs["loss_mask"]
+        old = inputs.get("old_logps")
+        old = logps.detach() if old is None else old
+        weights = high_entropy_mask(entropies, mask, a.top_entropy_quantile) if a.top_entropy_quantile < 1 else None
+        loss, info = self.algorithm.loss(
+            logps, old, inputs["advantages"], mask, epsilon=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta,
+            ref_logps=inputs.get("ref_logps"), kl_type=a.kl_estimator,
+            importance_sampling_level=a.importance_sampling_level, loss_type=a.loss_type[0],
+            max_completion_length=a.max_completion_length, token_weights=weights)
+        tokens = mask.sum().clamp(min=1)
+
+        def masked_mean(x):
+            return ((x.float() * mask).sum() / tokens).item()
+
+        metrics = {"entropy": masked_mean(entropies), "clip_ratio/low_mean": masked_mean(info["low_clipped"]),
+                   "clip_ratio/high_mean": masked_mean(info["high_clipped"]),
+                   "clip_ratio/region_mean": masked_mean(info["low_clipped"] | info["high_clipped"])}
+        if info["kl"] is not None:
+            metrics["kl"] = masked_mean(info["kl"].detach())
+        return loss, metrics
+
+    # -- metrics and evaluation --------------------------------------------------------------------
+    def _log_rollout(self, prompts, trajectories, rewards, per_func, advantages) -> None:
+        n = self.num_generations
+        m = self._metrics["train"]
+        grouped = rewards.view(-1, n)
+        std = grouped.std(dim=1) if n > 1 else torch.zeros(grouped.size(0))
+        m["reward"].append(rewards.mean().item())
+        m["reward_std"].append(std.mean().item())
+        m["frac_reward_zero_std"].append((std == 0).float().mean().item())
+        for name, values in zip(self.rewards.names, per_func):
+            v = torch.tensor(values)
+            v = v[~v.isnan()]
+            if v.numel():
+                m[f"rewards/{name}/mean"].append(v.mean().item())
+                m[f"rewards/{name}/std"].append(v.std().item() if v.numel() > 1 else 0.0)
+        lengths = torch.tensor([float(sum(t.loss_mask)) for t in trajectories])
+        m["completions/mean_length"].append(lengths.mean().item())
+        m["completions/min_length"].append(lengths.min().item())
+        m["completions/max_length"].append(lengths.max().item())
+        m["completions/clipped_ratio"].append(sum(t.truncated for t in trajectories) / len(trajectories))
+        if self.scheduler is not None:
+            m["completions/mean_turns"].append(sum(t.turns for t in trajectories) / len(trajectories))
+        if self.rlhf_args.log_completions and (not dist.is_initialized() or dist.get_rank() == 0):
+            with open(self._completions_path, "a") as f:
+                for i, t in enumerate(trajectories):
+                    record = {"step": self.state.global_step, "prompt": prompts[i // n]["messages"],
+                              "completion": t.text, "reward": rewards[i].item(), "advantage": advantages[i].item(),
+                              **{f"rewards/{name}": values[i] for name, values in zip(self.rewards.names, per_func)}}
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """Greedy answers to every eval prompt, scored by the reward functions."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            return {}
+        prompts = [dataset[i] for i in range(len(dataset))]
+        trajectories = self._generate(prompts, 1, greedy=True)
+        rewards, per_func = self._score(prompts, trajectories, 1)
+        metrics = {f"{metric_key_prefix}_reward": rewards.mean().item()}
+        for name, values in zip(self.rewards.names, per_func):
+            v = torch.tensor(values)
+            v = v[~v.isnan()]
+            if v.numel():
+                metrics[f"{metric_key_prefix}_rewards/{name}/mean"] = v.mean().item()
+        metrics[f"{metric_key_prefix}_completions/mean_length"] = sum(
+            sum(t.loss_mask) for t in trajectories) / len(trajectories)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics

@@ -1,0 +1,95 @@
+"""GRPO math: advantages against hand-computed values, and the policy loss against TRL 1.16's
+GRPOTrainer on identical inputs (same model, batch, old and reference log-probs)."""
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+
+from swift.rlhf.grpo import ADVANTAGE_ESTIMATORS, compute_advantages, high_entropy_mask, kl_estimate, policy_loss
+
+REWARDS = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 5.0]  # two prompts × four generations
+
+
+def test_advantages_by_hand():
+    r = torch.tensor(REWARDS)
+    g1, g2 = REWARDS[:4], REWARDS[4:]
+    m1, m2 = sum(g1) / 4, sum(g2) / 4
+    s1 = math.sqrt(sum((x - m1) ** 2 for x in g1) / 3)  # unbiased std, as TRL
+    s2 = math.sqrt(sum((x - m2) ** 2 for x in g2) / 3)
+    expected = {
+        "grpo": [(x - m1) / (s1 + 1e-4) for x in g1] + [(x - m2) / (s2 + 1e-4) for x in g2],
+        "dr_grpo": [x - m1 for x in g1] + [x - m2 for x in g2],
+        "reinforce_baseline": [x - m1 for x in g1] + [x - m2 for x in g2],
+        "rloo": [x - (sum(g1) - x) / 3 for x in g1] + [x - (sum(g2) - x) / 3 for x in g2],
+    }
+    mb = sum(REWARDS) / 8
+    sb = math.sqrt(sum((x - mb) ** 2 for x in REWARDS) / 7)
+    expected["reinforce_plus_plus"] = [(x - mb) / (sb + 1e-4) for x in REWARDS]
+    assert set(expected) == set(ADVANTAGE_ESTIMATORS)
+    for name, values in expected.items():
+        assert compute_advantages(r, 4, name).tolist() == pytest.approx(values, abs=1e-6), name
+    batch_scaled = compute_advantages(r, 4, "grpo", "batch").tolist()
+    assert batch_scaled == pytest.approx([(x - m1) / (sb + 1e-4) for x in g1] + [(x - m2) / (sb + 1e-4) for x in g2])
+    assert compute_advantages(r, 4, "grpo", "none").tolist() == pytest.approx(expected["dr_grpo"])
+    assert compute_advantages(torch.ones(4), 4, "grpo").tolist() == [0.0] * 4  # zero-std group: no signal
+
+
+def test_kl_estimators_and_entropy_mask():
+    logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    assert kl_estimate(logp, ref, "k1").tolist() == pytest.approx([0.5, -1.0])
+    assert kl_estimate(logp, ref, "k2").tolist() == pytest.approx([0.125, 0.5])
+    assert (kl_estimate(logp, ref, "k3") >= 0).all() and kl_estimate(logp, logp, "k3").abs().max() == 0
+    ent = torch.tensor([[0.1, 0.9, 0.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert high_entropy_mask(ent, mask, 0.67).tolist() == [[False, True, True, False]]
+
+
+@pytest.fixture(scope="module")
+def trl_setup(tmp_path_factory, tiny_dir):
+    from trl import GRPOConfig, GRPOTrainer
+
+    from swift.model import load_model
+
+    torch.manual_seed(0)
+    model, tokenizer, _ = load_model(tiny_dir)  # TRL looks the model up by its path
+    data = Dataset.from_list([{"prompt": "1+1="}] * 4)
+    config = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("trl")), per_device_train_batch_size=4,
+                        num_generations=4, max_completion_length=6, beta=0.04, epsilon=0.2, epsilon_high=0.28,
+                        temperature=0.7, use_bias_correction_kl=False, report_to="none", use_cpu=True, bf16=False, dataloader_pin_memory=False)
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                          args=config, train_dataset=data, processing_class=tokenizer)
+    g = torch.Generator().manual_seed(1)
+    b, lp, lc = 4, 5, 6
+    completion_mask = torch.ones(b, lc, dtype=torch.long)
+    completion_mask[1, 4:] = 0
+    completion_mask[3, 2:] = 0
+    inputs = {"prompt_ids": torch.randint(3, 2000, (b, lp), generator=g), "prompt_mask": torch.ones(b, lp, dtype=torch.long),
+              "completion_ids": torch.randint(3, 2000, (b, lc), generator=g), "completion_mask": completion_mask,
+              "advantages": torch.tensor([1.0, -0.5, 0.25, -1.5])}
+    return trainer, model, inputs
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_policy_loss_equals_trl(trl_setup, loss_type, level):
+    from swift.trainers.grpo import token_logps
+
+    trainer, model, inputs = trl_setup
+    trainer.loss_type, trainer.importance_sampling_level = loss_type, level
+    model.eval()  # TRL's eval mode: no gradient-accumulation normaliser
+    with torch.no_grad():
+        logps, _ = token_logps(model, inputs, temperature=0.7)
+        g = torch.Generator().manual_seed(2)
+        old = logps + 0.3 * torch.randn(logps.shape, generator=g)  # ratios far enough from 1 to clip
+        ref = logps + 0.2 * torch.randn(logps.shape, generator=g)
+        mask = inputs["completion_mask"]
+        trl_inputs = {**inputs, "old_per_token_logps": old, "ref_per_token_logps": ref,
+                      "num_items_in_batch": mask.sum()}
+        expected = trainer._compute_loss(model, trl_inputs)
+        ours, info = policy_loss(logps, old, inputs["advantages"], mask.float(), epsilon=0.2, epsilon_high=0.28,
+                                 beta=0.04, ref_logps=ref, importance_sampling_level=level, loss_type=loss_type,
+                                 max_completion_length=6, num_items_in_batch=mask.sum())
+    if level == "token":
+        assert (info["low_clipped"] | info["high_clipped"]).any()  # the clip is exercised
+    assert abs(ours.item() - expected.item()) < 1e-5
