@@ -72,8 +72,11 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
             masks[i] += [1] * len(generated)
             turns[i] += 1
             state = states[i]
-            state.messages.append({"role": "assistant", "content": choice.text})
-            texts[i], truncated[i] = choice.text, choice.finish_reason == "length"
+            if state.messages[-1]["role"] == "assistant":  # the model continued an (edited) answer
+                state.messages[-1] = {"role": "assistant", "content": state.messages[-1]["content"] + choice.text}
+            else:
+                state.messages.append({"role": "assistant", "content": choice.text})
+            texts[i], truncated[i] = state.messages[-1]["content"], choice.finish_reason == "length"
             if scheduler.check_finished(state, choice, turns[i]):
                 continue
             state = scheduler.step(state, choice, turns[i])["infer_request"]
@@ -85,7 +88,6 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
             # tokens the model generated and the scheduler kept carry loss; everything new is environment
             masks[i] = masks[i][:keep - prompt_len[i]] + [0] * (len(following) - keep)
             ids[i] = following
-            texts[i] = state.messages[-1]["content"] if state.messages[-1]["role"] == "assistant" else texts[i]
             still.append(i)
         active = still
     return [Trajectory(ids[i][:prompt_len[i]], ids[i][prompt_len[i]:], masks[i], texts[i], truncated[i],

@@ -54,3 +54,18 @@ def test_reward_routes_match_the_model(reward_model):
         assert code == 400 and bad["error"]["param"] == "query"
         code, chat = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
         assert code == 400 and "reward model" in chat["error"]["message"]
+
+
+def test_grpo_reward_model_local_and_remote_agree(reward_model):
+    """`--reward_model DIR` and `--reward_model_url` (this server) score a completion the same way."""
+    from swift.rewards.manager import RemoteRewardModel, RewardModelReward
+
+    messages = [[{"role": "user", "content": "07+45="}], [{"role": "user", "content": "10+10="}]]
+    completions = ["52", "21"]
+    local = RewardModelReward(reward_model)(completions, messages=messages)
+    template = get_template("chatml", AutoTokenizer.from_pretrained(reward_model))
+    texts = [template.render([*m, {"role": "assistant", "content": c}])[0] for m, c in zip(messages, completions)]
+    assert local == pytest.approx(reference(reward_model, texts), abs=1e-5)
+    with deploy("--model", reward_model, "--task_type", "seq_cls") as base:
+        remote = RemoteRewardModel(base)(completions, messages=messages)
+    assert remote == pytest.approx(local, abs=1e-5)

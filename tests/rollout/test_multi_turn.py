@@ -1,0 +1,133 @@
+"""Multi-turn rollouts with a scripted engine: per-turn loss masks, the built-in schedulers, a user
+scheduler plugin, and an OpenRLHF AgentInstance."""
+import textwrap
+
+import pytest
+
+from swift.infer.protocol import Choice, InferEngine, InferResponse, RequestConfig
+from swift.rollout.multi_turn import RolloutInferRequest, build_scheduler
+from swift.rollout.runner import rollout
+from swift.template import get_template
+
+
+class ScriptedEngine(InferEngine):
+    """Answers each request with the next scripted text (finish_reason stop)."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script, self.prompts = tokenizer, list(script), []
+
+    def infer(self, requests, config=None):
+        out = []
+        for r in requests:
+            self.prompts.append(r.input_ids)
+            text = self.script.pop(0)
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            out.append(InferResponse([Choice(i, text, ids, "stop") for i in range(config.n)], len(r.input_ids), len(ids)))
+        return out
+
+    async def infer_async(self, request, config):  # pragma: no cover - not used by the rollout
+        return self.infer([request], config)[0]
+
+    def stream_async(self, request, config):  # pragma: no cover
+        raise AssertionError("not used")
+
+
+def generated_text(tokenizer, trajectory):
+    return tokenizer.decode([t for t, m in zip(trajectory.completion_ids, trajectory.loss_mask) if m])
+
+
+def test_single_turn_is_all_generated(tokenizer):
+    template = get_template("chatml", tokenizer)
+    engine = ScriptedEngine(tokenizer, ["52"])
+    (t1, t2), = [rollout(engine, template, [RolloutInferRequest([{"role": "user", "content": "07+45="}])],
+                         RequestConfig(max_tokens=8), 2, eos=tokenizer.eos_token_id)]
+    assert t1.text == "52" and t1.loss_mask == [1] * len(t1.completion_ids)
+    assert tokenizer.decode(t1.completion_ids) == "52<|im_end|>"
+
+
+def test_gym_environment_masks_observations(tokenizer):
+    template = get_template("chatml", tokenizer)
+    engine = ScriptedEngine(tokenizer, ["40", "60", "52"])
+    scheduler = build_scheduler("gym", max_turns=5, env="guess_number")
+    request = RolloutInferRequest([{"role": "user", "content": "guess"}], {"solution": "52"})
+    t, = rollout(engine, template, [request], RequestConfig(max_tokens=8), 1, eos=tokenizer.eos_token_id,
+                 scheduler=scheduler, max_completion_length=64)
+    assert [m["content"] for m in t.messages[1:]] == ["40", "higher", "60", "lower", "52"]
+    assert t.turns == 3 and t.rollout_infos["gym_reward"] == 1.0 and t.text == "52"
+    assert generated_text(tokenizer, t) == "40<|im_end|>60<|im_end|>52<|im_end|>"
+    env_text = tokenizer.decode([x for x, m in zip(t.completion_ids, t.loss_mask) if not m])
+    assert "higher" in env_text and "lower" in env_text and "<|im_start|>assistant" in env_text
+    # every turn continued exactly from the tokens before it
+    assert engine.prompts[1] == (t.prompt_ids + t.completion_ids)[:len(engine.prompts[1])]
+
+
+def test_math_tip_trick_retries_a_wrong_answer_once(tokenizer):
+    template = get_template("chatml", tokenizer)
+    engine = ScriptedEngine(tokenizer, ["<think>hm</think><answer>51</answer>", " 52"])
+    scheduler = build_scheduler("math_tip_trick", max_turns=3)
+    request = RolloutInferRequest([{"role": "user", "content": "07+45="}], {"solution": "52"})
+    t, = rollout(engine, template, [request], RequestConfig(max_tokens=16), 1, eos=tokenizer.eos_token_id,
+                 scheduler=scheduler, max_completion_length=128)
+    assert t.turns == 2 and t.text.endswith("carefully. 52")
+    generated = generated_text(tokenizer, t)
+    assert "<think>hm" in generated and " 52<|im_end|>" in generated and "recheck" not in generated
+    assert "<answer>51" not in tokenizer.decode(t.completion_ids)  # the cut part is gone from the trajectory
+
+
+def test_user_scheduler_plugin(tokenizer, tmp_path):
+    from swift.rewards.manager import import_plugin
+
+    plugin = tmp_path / "my_scheduler.py"
+    plugin.write_text(textwrap.dedent("""
+        from swift.rollout.multi_turn import MultiTurnScheduler, multi_turns
+
+        class Echo(MultiTurnScheduler):
+            def check_finished(self, infer_request, response_choice, current_turn):
+                return current_turn >= 2
+
+            def step(self, infer_request, response_choice, current_turn):
+                infer_request.messages.append({"role": "user", "content": "again"})
+                return {"infer_request": infer_request}
+
+        multi_turns['echo'] = Echo
+    """))
+    import_plugin(str(plugin))
+    template = get_template("chatml", tokenizer)
+    engine = ScriptedEngine(tokenizer, ["a", "b"])
+    t, = rollout(engine, template, [RolloutInferRequest([{"role": "user", "content": "hi"}])], RequestConfig(),
+                 1, eos=tokenizer.eos_token_id, scheduler=build_scheduler("echo", None), max_completion_length=64)
+    assert [m["content"] for m in t.messages] == ["hi", "a", "again", "b"]
+
+
+def test_openrlhf_agent_instance(tokenizer, tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent("""
+        import torch
+
+        class AgentInstance:
+            async def reset(self, states, **kwargs):
+                self.label = states["label"]
+                return {"observation": states["observation"]}
+
+            async def step(self, states, **kwargs):
+                right = states["action_text"].strip() == self.label
+                return {"rewards": torch.tensor(1.0 if right else 0.0), "scores": torch.tensor(0.0),
+                        "environment_feedback": "" if right else "try again", "done": right}
+    """))
+    template = get_template("chatml", tokenizer)
+    engine = ScriptedEngine(tokenizer, ["1", "2"])
+    scheduler = build_scheduler(str(agent), max_turns=4)
+    request = RolloutInferRequest([{"role": "user", "content": "1+1="}], {"solution": "2"})
+    t, = rollout(engine, template, [request], RequestConfig(), 1, eos=tokenizer.eos_token_id, scheduler=scheduler,
+                 max_completion_length=64)
+    assert [m["content"] for m in t.messages[1:]] == ["1", "try again", "2"]
+    assert t.rollout_infos["agent_reward"] == 1.0
+
+
+def test_max_turns_stops_the_rollout(tokenizer):
+    template = get_template("chatml", tokenizer)
+    engine = ScriptedEngine(tokenizer, ["10", "11"])
+    scheduler = build_scheduler("gym", max_turns=2, env="guess_number")
+    t, = rollout(engine, template, [RolloutInferRequest([{"role": "user", "content": "guess"}], {"solution": "99"})],
+                 RequestConfig(), 1, eos=tokenizer.eos_token_id, scheduler=scheduler, max_completion_length=64)
+    assert t.turns == 2 and t.rollout_infos["gym_reward"] == 0.0
