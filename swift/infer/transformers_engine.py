@@ -53,8 +53,11 @@ class _Row:
 
 class TransformersEngine(InferEngine):
     def __init__(self, model, tokenizer, template: Template, *, max_batch_size: int = 32,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, default_adapter: str | None = None):
+        """`default_adapter`: the LoRA adapter of requests that name none (None: the base model)."""
         self.model = model.eval()
+        self.default_adapter = default_adapter
+        self._active_adapter: tuple | None = None
         self.tokenizer = tokenizer
         self.template = template
         self.max_batch_size = max_batch_size
@@ -147,7 +150,7 @@ class TransformersEngine(InferEngine):
             if not jobs:
                 continue
             try:
-                self._set_adapter(jobs[0].adapter)
+                self._set_adapter(jobs[0].adapter or self.default_adapter)
                 with torch.inference_mode():
                     self._generate(jobs)
             except Exception as e:  # keep serving: the error goes to the callers of this batch
@@ -157,6 +160,9 @@ class TransformersEngine(InferEngine):
 
     def _set_adapter(self, name: str | None) -> None:
         if hasattr(self.model, "peft_config"):
+            if self._active_adapter == (name,):
+                return  # switching toggles requires_grad inside PEFT; never touch a training policy needlessly
+            self._active_adapter = (name,)
             if name is None:
                 self.model.base_model.disable_adapter_layers()
             else:

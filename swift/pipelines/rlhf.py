@@ -220,7 +220,8 @@ class RLHFPipeline(TrainPipeline):
         def transformers_engine(model):
             from swift.infer.transformers_engine import TransformersEngine
 
-            return TransformersEngine(model, template.tokenizer, template,
+            adapter = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
+            return TransformersEngine(model, template.tokenizer, template, default_adapter=adapter,
                                       max_batch_size=max(a.per_device_train_batch_size, 8))
 
         def vllm_engine(model):

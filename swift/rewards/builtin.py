@@ -1,6 +1,7 @@
 """ms-swift's built-in rewards: accuracy, format, react_format, cosine, repetition, soft_overlong, toolbench."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -15,16 +16,25 @@ def _option(args, name: str, default):
     return default if value is None else value
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(solution: str):
+    from math_verify import parse
+
+    return parse(solution)
+
+
 def is_correct(completion: str, solution) -> float:
     """1.0 when the completion's answer (`<answer>` content if present, else what math-verify
     extracts: the last boxed value or number) equals the solution; an unparseable solution gives 0."""
     from math_verify import parse, verify
 
-    gold = parse(str(solution))
+    gold = _parse_gold(str(solution))
     if not gold:
         return 0.0
     match = ANSWER.findall(completion)
     answer = match[-1].strip() if match else completion
+    if answer.strip() == str(solution).strip():
+        return 1.0  # identical text: math-verify would agree, and it is slow
     try:
         return float(verify(gold, parse(answer)))
     except Exception:  # math-verify raises on some malformed expressions

@@ -173,6 +173,8 @@ class RewardManager:
                 if inspect.isawaitable(result):
                     asyncio.run(result)
             except Exception as e:
-                raise SwiftError(f"reward function '{name}' failed on row {row} "
-                                 f"(completion {completions[row][:60]!r}): {type(e).__name__}: {e}") from None
+                shown = ", ".join(f"{k}={v[row]!r}"[:80] for k, v in columns.items()
+                                  if isinstance(v[row], (str, int, float, bool)) and k != "prompt_texts")
+                raise SwiftError(f"reward function '{name}' failed on row {row} of the batch ({shown}; "
+                                 f"completion {completions[row][:60]!r}): {type(e).__name__}: {e}") from None
         raise SwiftError(f"reward function '{name}' failed: {type(error).__name__}: {error}") from None

@@ -116,21 +116,19 @@ class GRPOTrainer(RLHFTrainer):
         self.engine.sync_weights(unwrapped)  # in-process: checked to be the trainer's own weights
         return self.engine
 
-    def _request_config(self, greedy: bool = False) -> RequestConfig:
+    def _request_config(self, seed: int | None = None) -> RequestConfig:
         a = self.rlhf_args
-        if greedy:
-            return RequestConfig(max_tokens=a.max_completion_length, temperature=0.0)
         return RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p,
-                             top_k=a.top_k, repetition_penalty=a.repetition_penalty)
+                             top_k=a.top_k, repetition_penalty=a.repetition_penalty, seed=seed)
 
-    def _generate(self, prompts: list[dict], n: int, greedy: bool = False) -> list[Trajectory]:
+    def _generate(self, prompts: list[dict], n: int, seed: int | None = None) -> list[Trajectory]:
         engine = self._policy_engine()
         requests = [RolloutInferRequest(messages=list(p["messages"]), data_dict=p["columns"]) for p in prompts]
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
         try:
-            return rollout(engine, self.template, requests, self._request_config(greedy), n,
+            return rollout(engine, self.template, requests, self._request_config(seed), n,
                            eos=self.processing_class.eos_token_id, scheduler=self.scheduler,
                            max_completion_length=self.rlhf_args.max_completion_length)
         finally:
@@ -277,12 +275,13 @@ class GRPOTrainer(RLHFTrainer):
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
-        """Greedy answers to every eval prompt, scored by the reward functions."""
+        """One answer per eval prompt, sampled as in training (as TRL does) with a fixed seed so that
+        evaluations are comparable, scored by the reward functions."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             return {}
         prompts = [dataset[i] for i in range(len(dataset))]
-        trajectories = self._generate(prompts, 1, greedy=True)
+        trajectories = self._generate(prompts, 1, seed=self.args.seed)
         rewards, per_func = self._score(prompts, trajectories, 1)
         metrics = {f"{metric_key_prefix}_reward": rewards.mean().item()}
         for name, values in zip(self.rewards.names, per_func):

@@ -74,7 +74,7 @@ def test_user_error_names_function_and_row():
         return [1.0 / int(s) for s in solution]
 
     manager = RewardManager([("picky", picky)])
-    with pytest.raises(SwiftError, match=r"reward function 'picky' failed on row 2 .*ZeroDivisionError"):
+    with pytest.raises(SwiftError, match=r"reward function 'picky' failed on row 2 of the batch \(solution='0'.*ZeroDivisionError"):
         manager(["a", "b", "c"], {"solution": ["1", "2", "0"]})
     with pytest.raises(SwiftError, match="--reward_weights has 2 values for 1"):
         RewardManager([("picky", picky)], [1.0, 2.0])
