@@ -31,7 +31,8 @@ def _import_vllm():
 class VllmEngine(InferEngine):
     def __init__(self, model_dir: str, tokenizer, template, *, adapters: dict[str, str] | None = None,
                  dtype: str = "auto", max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
-                 max_batch_size: int = 256, enforce_eager: bool = False, seed: int = 0):
+                 max_batch_size: int = 256, enforce_eager: bool = False, seed: int = 0,
+                 worker_extension_cls: str | None = None):
         engine_args, engine_cls, self._sampling_cls, self._prompt_cls, lora_cls = _import_vllm()
         self.tokenizer, self.template = tokenizer, template
         self._loras = {name: lora_cls(name, i + 1, path) for i, (name, path) in enumerate((adapters or {}).items())}
@@ -42,6 +43,8 @@ class VllmEngine(InferEngine):
                       enforce_eager=enforce_eager, seed=seed, enable_lora=bool(self._loras))
         if self._loras:
             kwargs["max_lora_rank"] = 64
+        if worker_extension_cls:
+            kwargs["worker_extension_cls"] = worker_extension_cls
 
         async def create():
             return engine_cls.from_engine_args(engine_args(**kwargs))
@@ -49,6 +52,25 @@ class VllmEngine(InferEngine):
         self.engine = asyncio.run_coroutine_threadsafe(create(), self._loop).result()
         self.max_model_len = self.engine.model_config.max_model_len
         self._ids = itertools.count()
+
+    def _run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def sync_weights(self, model) -> None:
+        """Push the trainer's weights (LoRA merged in) into vLLM's workers, then check that every
+        worker received exactly those tensors, and drop cached prefixes computed with the old ones."""
+        named = hf_state_dict(model)
+        names, tensors = [n for n, _ in named], [t for _, t in named]
+        sent = [float(t.double().sum()) for t in tensors]
+        from swift.infer.vllm_worker import pack
+
+        received = self._run(self.engine.collective_rpc("swift_load_weights",
+                                                        args=(names, [pack(t) for t in tensors])))
+        for worker in received:
+            bad = [n for n, a, b in zip(names, sent, worker) if a != b]
+            if len(worker) != len(names) or bad:
+                raise SwiftError(f"weight sync to vLLM failed: checksums differ for {bad[:3] or 'the tensor count'}")
+        self._run(self.engine.reset_prefix_cache())
 
     def _params(self, config: RequestConfig):
         return self._sampling_cls(
@@ -133,3 +155,49 @@ class VllmEngine(InferEngine):
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=120)
             del engine
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def hf_state_dict(model) -> list[tuple[str, "torch.Tensor"]]:
+    """The model's weights under Hugging Face names, with any LoRA adapters merged in (the training
+    model is left unmerged)."""
+    import torch
+
+    peft = hasattr(model, "peft_config")
+    if peft:
+        model.merge_adapter()
+    try:
+        out = []
+        for name, tensor in model.state_dict().items():
+            if peft:
+                if "lora_" in name or "original_module" in name:
+                    continue
+                name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+                name = name.replace(".modules_to_save.default.", ".")
+            out.append((name, tensor.detach().to("cpu", copy=True).contiguous()))
+        return out
+    finally:
+        if peft:
+            with torch.no_grad():
+                model.unmerge_adapter()
+
+
+def colocated_vllm_engine(model, template, *, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None,
+                          seed: int = 0) -> VllmEngine:
+    """A vLLM engine for a trainer's policy: started from the policy's current weights (written to a
+    temporary directory), later updated with `sync_weights`."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    path = tempfile.mkdtemp(prefix="swift-vllm-policy-")
+    config = (model.get_base_model() if hasattr(model, "peft_config") else model).config
+    config.save_pretrained(path)
+    template.tokenizer.save_pretrained(path)
+    weights = dict(hf_state_dict(model))
+    if getattr(config, "tie_word_embeddings", False):
+        weights.pop("lm_head.weight", None)
+    save_file(weights, f"{path}/model.safetensors")
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return VllmEngine(path, template.tokenizer, template, dtype=dtype, max_model_len=max_model_len,
+                      gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                      worker_extension_cls="swift.infer.vllm_worker.WeightSyncExtension")

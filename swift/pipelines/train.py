@@ -130,6 +130,8 @@ class TrainPipeline:
         else:
             metrics.update(_last_eval(trainer))
         trainer.save_model(out)
+        if hasattr(trainer, "close"):
+            trainer.close()  # e.g. an inference engine's processes
         checksums = _rank_checksums(trainer.model)
         result = {
             "output_dir": out,

@@ -85,8 +85,8 @@ class GRPOTrainer(RLHFTrainer):
         self.ref_model = ref_model.to(self.args.device).eval().requires_grad_(False) if ref_model is not None else None
         self.rewards = reward_manager
         self.scheduler = scheduler
-        self.engine_factory = engine_factory  # (model) -> InferEngine sharing or loading the policy weights
-        self.engine = None
+        # the engine starts with the trainer (vLLM takes a while), and generates with the policy's weights
+        self.engine = engine_factory(self.accelerator.unwrap_model(self.model))
         self.num_generations = a.num_generations
         self._rollout: Rollout | None = None
         self._uses = 0
@@ -110,11 +110,12 @@ class GRPOTrainer(RLHFTrainer):
 
     # -- rollout -----------------------------------------------------------------------------------
     def _policy_engine(self):
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        if self.engine is None:
-            self.engine = self.engine_factory(unwrapped)
-        self.engine.sync_weights(unwrapped)  # in-process: checked to be the trainer's own weights
+        self.engine.sync_weights(self.accelerator.unwrap_model(self.model))  # checked, every rollout
         return self.engine
+
+    def close(self) -> None:
+        """Stop the inference engine (vLLM's processes)."""
+        self.engine.close()
 
     def _request_config(self, seed: int | None = None) -> RequestConfig:
         a = self.rlhf_args
