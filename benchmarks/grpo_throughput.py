@@ -29,8 +29,10 @@ PROMPTS, GENERATIONS, TOKENS = 8, 4, 64
 
 
 def digit_reward(completions, **kwargs):
-    """The same cheap reward on both sides: the fraction of digits in the completion."""
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+    """The same cheap reward on both sides: the fraction of digits in the completion (TRL passes
+    conversational completions as message lists)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
 
 
 def run_swift(model_dir: str, steps: int, vllm: bool) -> tuple[float, float]:

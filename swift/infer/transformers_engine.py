@@ -91,6 +91,36 @@ class TransformersEngine(InferEngine):
             self._wake.notify()
         return job
 
+    def infer(self, requests: list[InferRequest], config: RequestConfig | None = None) -> list[InferResponse]:
+        """Queue every request at once, so that a batch of rollouts starts decoding together."""
+        config = config or RequestConfig()
+        prompts = [self.encode(r) for r in requests]
+        for prompt in prompts:
+            self.check(prompt, config)
+        results: list = [None] * len(requests)
+        left = [len(requests)]
+        done = threading.Event()
+
+        def deliver_to(i):
+            def deliver(result):
+                results[i] = result
+                with self._wake:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        done.set()
+            return deliver
+
+        with self._wake:
+            for i, (request, prompt) in enumerate(zip(requests, prompts)):
+                self._pending.append(_Job(prompt, config, request.adapter, deliver_to(i)))
+            self._wake.notify()
+        if requests:
+            done.wait()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results
+
     async def infer_async(self, request: InferRequest, config: RequestConfig) -> InferResponse:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
@@ -190,6 +220,7 @@ class TransformersEngine(InferEngine):
             j.rows = [_Row(j, k, _generator(j.config.seed, k, device)) for k in range(j.config.n)]
         rows = [r for j in jobs for r in j.rows]
         stop_len = max((len(s) for s in cfg.stop), default=0)
+        unpadded = bool(mask.all())
         while True:
             scored = apply_repetition_penalty(logits, [r.job.prompt + r.tokens for r in rows], cfg.repetition_penalty)
             next_tokens = sample(scored, cfg, [r.generator for r in rows])
@@ -208,23 +239,30 @@ class TransformersEngine(InferEngine):
                 rows = [rows[i] for i in keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
             last_pos = last_pos + 1
-            logits = self.model(input_ids=next_tokens[:, None], attention_mask=mask, position_ids=last_pos[:, None],
-                                past_key_values=cache, use_cache=True).logits[:, -1].float()
+            # without left padding the causal cache needs no mask, which spares building one per token
+            logits = self.model(input_ids=next_tokens[:, None], attention_mask=None if unpadded else mask,
+                                position_ids=last_pos[:, None], past_key_values=cache,
+                                use_cache=True).logits[:, -1].float()
 
     def _advance(self, row: _Row, token: int, logprobs: torch.Tensor | None, stop_len: int) -> None:
         cfg = row.job.config
+        live_text = bool(cfg.stop) or row.job.on_delta is not None  # else the text is decoded once, at the end
         if token in self.eos_ids:
             row.finish = "stop"
         else:
             row.tokens.append(token)
             if logprobs is not None:
                 row.logprobs.append(self._logprob(token, logprobs, cfg.top_logprobs))
-            row.text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
-            hit = min((row.text.find(s) for s in cfg.stop if s in row.text), default=-1)
+            hit = -1
+            if live_text:
+                row.text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+                hit = min((row.text.find(s) for s in cfg.stop if s in row.text), default=-1)
             if hit >= 0:
                 row.text, row.finish = row.text[:hit], "stop"
             elif len(row.tokens) >= cfg.max_tokens:
                 row.finish = "length"
+        if row.finish and not live_text:
+            row.text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
         if row.job.on_delta is not None:
             safe = len(row.text) if row.finish else max(row.sent, len(row.text) - max(stop_len - 1, 0))
             if row.text.endswith("\ufffd") and not row.finish:  # half of a multi-byte character

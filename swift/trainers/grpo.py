@@ -58,24 +58,29 @@ class Rollout:
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    """H = logsumexp(l) − Σ softmax(l)·l, per position."""
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
-def token_logps(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logps(model, batch: dict, temperature: float = 1.0,
+                with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs and entropies ([B, Lc]) of the completion tokens under the sampling
     distribution (logits / temperature), from left-padded prompts and right-padded completions."""
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-    lc = batch["completion_ids"].size(1)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=lc + 1,
+    completion = batch["completion_ids"]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=completion.size(1) + 1,
                    use_cache=False).logits[:, :-1].float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    token = logp.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
-    return token, entropy_from_logits(logits.detach())
+    token = -torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), completion.reshape(-1),
+                                               reduction="none").view_as(completion)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())
+    return token, entropy
 
 
 class GRPOTrainer(RLHFTrainer):
@@ -201,8 +206,8 @@ class GRPOTrainer(RLHFTrainer):
                 "truncated": torch.tensor([t.truncated for t in trajectories])}
 
     # -- log-probs ---------------------------------------------------------------------------------
-    def _token_logps(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logps(model, batch, self.rlhf_args.temperature)
+    def _token_logps(self, model, batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return token_logps(model, batch, self.rlhf_args.temperature, with_entropy)
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
@@ -223,7 +228,7 @@ class GRPOTrainer(RLHFTrainer):
 
     def loss_and_metrics(self, model, inputs):
         a = self.rlhf_args
-        logps, entropies = self._token_logps(model, inputs)
+        logps, entropies = self._token_logps(model, inputs, with_entropy=True)
         mask = inputs["loss_mask"]
         old = inputs.get("old_logps")
         old = logps.detach() if old is None else old
