@@ -281,13 +281,16 @@ class GRPOTrainer(RLHFTrainer):
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
-        """One answer per eval prompt, sampled as in training (as TRL does) with a fixed seed so that
+        """One answer per eval prompt, sampled as in training (as TRL does) from a fixed seed so that
         evaluations are comparable, scored by the reward functions."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             return {}
         prompts = [dataset[i] for i in range(len(dataset))]
-        trajectories = self._generate(prompts, 1, seed=self.args.seed)
+        # independent draws per prompt from a fixed seed, without touching the training RNG stream
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.args.seed)
+            trajectories = self._generate(prompts, 1)
         rewards, per_func = self._score(prompts, trajectories, 1)
         metrics = {f"{metric_key_prefix}_reward": rewards.mean().item()}
         for name, values in zip(self.rewards.names, per_func):

@@ -39,7 +39,7 @@ def test_grpo_raises_eval_accuracy_by_10_points(quickstart, tmp_path):
     rlhf_main(["--rlhf_type", "grpo", "--model", os.path.join(qs, "sft"), "--tuner_type", "lora",
                "--dataset", "builtin:arith-sft", "--val_dataset", "builtin:arith-sft:eval",
                "--reward_funcs", "accuracy", "--num_generations", "8", "--per_device_train_batch_size", "256",
-               "--max_completion_length", "6", "--temperature", "1.0", "--beta", "0",
+               "--max_completion_length", "6", "--temperature", "1.2", "--beta", "0",
                "--learning_rate", "2e-3", "--warmup_ratio", "0.05", "--max_steps", "180",
                "--eval_on_start", "true", "--eval_steps", "180", "--logging_steps", "20", "--save_strategy", "no",
                "--report_to", "none", "--disable_tqdm", "true", "--output_dir", str(tmp_path)])
