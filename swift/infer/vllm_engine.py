@@ -157,7 +157,7 @@ class VllmEngine(InferEngine):
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
-def hf_state_dict(model) -> list[tuple[str, "torch.Tensor"]]:
+def hf_state_dict(model) -> list[tuple]:
     """The model's weights under Hugging Face names, with any LoRA adapters merged in (the training
     model is left unmerged)."""
     import torch

@@ -208,9 +208,6 @@ class GRPOTrainer(RLHFTrainer):
     # -- log-probs ---------------------------------------------------------------------------------
     def _token_logps(self, model, batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         return token_logps(model, batch, self.rlhf_args.temperature, with_entropy)
-        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
 
     def _reference_logps(self, batch) -> torch.Tensor:
         if self.ref_model is not None:
