@@ -157,7 +157,7 @@ class RLHFPipeline(TrainPipeline):
     task_types = ("causal_lm", "seq_cls", "token_cls")
 
     def __init__(self, args: RLHFArguments):
-        from swift.rewards.manager import import_plugin
+        from swift.utils.plugins import import_plugin
 
         for path in args.external_plugins:  # before any registry lookup, never during argument parsing
             import_plugin(path)

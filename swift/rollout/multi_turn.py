@@ -191,7 +191,7 @@ def build_scheduler(name: str | None, max_turns: int | None, **kwargs) -> MultiT
     if not name:
         return None
     if name.endswith(".py"):
-        from swift.rewards.manager import import_plugin
+        from swift.utils.plugins import import_plugin
 
         module = import_plugin(name)
         if not hasattr(module, "AgentInstance"):

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from swift.rewards import AsyncORM, ORM, orms
-from swift.rewards.manager import RewardManager, build_reward_funcs, import_plugin
+from swift.rewards.manager import RewardManager, build_reward_funcs
+from swift.utils.plugins import import_plugin
 from swift.utils.registry import SwiftError
 
 

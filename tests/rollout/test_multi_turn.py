@@ -75,7 +75,7 @@ def test_math_tip_trick_retries_a_wrong_answer_once(tokenizer):
 
 
 def test_user_scheduler_plugin(tokenizer, tmp_path):
-    from swift.rewards.manager import import_plugin
+    from swift.utils.plugins import import_plugin
 
     plugin = tmp_path / "my_scheduler.py"
     plugin.write_text(textwrap.dedent("""
