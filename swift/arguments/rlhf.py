@@ -119,7 +119,26 @@ class RlhfArguments:
     log_completions: bool = field(default=False, metadata={
         "help": "grpo: write every completion with its rewards to <output_dir>/completions.jsonl."})
     use_vllm: bool = field(default=False, metadata={"help": "grpo: generate rollouts with vLLM."})
-    vllm_mode: str = field(default="colocate", metadata={"help": "grpo: colocate (vLLM in the trainer process)."})
+    vllm_mode: str = field(default="colocate", metadata={
+        "help": "grpo with --use_vllm: colocate (vLLM in the trainer process) or server (a `swift rollout "
+                "--infer_backend vllm` server at --vllm_server_host/--vllm_server_port)."})
+    rollout_mode: str = field(default="colocate", metadata={
+        "help": "grpo with the built-in engine: colocate (in the trainer process) or server (a `swift rollout` "
+                "server at --vllm_server_host/--vllm_server_port)."})
+    vllm_server_host: str = field(default="127.0.0.1", metadata={"help": "grpo server mode: the rollout server's host."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "grpo server mode: the rollout server's port."})
+    vllm_server_timeout: float = field(default=240.0, metadata={
+        "help": "grpo server mode: seconds to wait for the server (startup, each request, each weight-sync step)."})
+    weight_sync_bucket_mb: float = field(default=64.0, metadata={
+        "help": "grpo server mode: weights travel in flattened buckets of at most this many MiB."})
+    async_generate: bool = field(default=False, metadata={
+        "help": "grpo server mode: generate the next batch while this one trains (one step off-policy, corrected "
+                "by importance sampling)."})
+    rollout_importance_sampling_mode: str = field(default="token_truncate", metadata={
+        "help": "Off-policy correction with the sampler's log-probs (--async_generate): token_truncate "
+                "(weight min(ratio, threshold)), token_mask (drop tokens above the threshold) or none."})
+    rollout_importance_sampling_threshold: float = field(default=2.0, metadata={
+        "help": "Cap of the importance ratio π_θ_old / π_sampler per token."})
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata={
         "help": "grpo colocate: fraction of accelerator memory vLLM may take."})
     vllm_max_model_len: int | None = field(default=None, metadata={"help": "grpo colocate: vLLM context length."})
@@ -129,7 +148,9 @@ class RlhfArguments:
 
         ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
         choices = {"scale_rewards": (None, "group", "batch", "none"), "importance_sampling_level": ("token", "sequence"),
-                   "kl_estimator": ("k1", "k2", "k3"), "vllm_mode": ("colocate",)}
+                   "kl_estimator": ("k1", "k2", "k3"), "vllm_mode": ("colocate", "server"),
+                   "rollout_mode": ("colocate", "server"),
+                   "rollout_importance_sampling_mode": ("token_truncate", "token_mask", "none")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise SwiftError(f"--{name} {getattr(self, name)!r} is not one of "
@@ -143,6 +164,18 @@ class RlhfArguments:
             raise SwiftError(f"--top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}")
         if self.beta < 0:
             raise SwiftError(f"--beta must be >= 0, got {self.beta}")
+        if self.async_generate and not self.server_mode:
+            raise SwiftError("--async_generate needs a rollout server (--use_vllm true --vllm_mode server, or "
+                             "--rollout_mode server): a colocated engine shares the weights being trained")
+        if self.server_mode and self.multi_turn_scheduler:
+            raise SwiftError("--multi_turn_scheduler runs on the rollout server in server mode: pass it to "
+                             "`swift rollout` instead of the trainer")
+        if self.rollout_importance_sampling_threshold <= 0:
+            raise SwiftError("--rollout_importance_sampling_threshold must be positive")
+
+    @property
+    def server_mode(self) -> bool:
+        return (self.use_vllm and self.vllm_mode == "server") or self.rollout_mode == "server"
 
     @property
     def algorithm(self):

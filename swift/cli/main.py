@@ -16,8 +16,9 @@ from swift.utils.registry import closest
 ROUTE_MAPPING: dict[str, tuple[str, str]] = {
     "pt": ("swift.pipelines.train:pt_main", "Pre-train / continue pre-training (loss on every token)."),
     "sft": ("swift.pipelines.train:sft_main", "Supervised fine-tuning, full or LoRA, on conversations."),
-    "rlhf": ("swift.pipelines.rlhf:rlhf_main", "Preference alignment on chosen/rejected pairs (DPO and its variants)."),
+    "rlhf": ("swift.pipelines.rlhf:rlhf_main", "Preference alignment and online RL (DPO family, KTO, RM, PRM, GKD, GRPO family)."),
     "infer": ("swift.pipelines.infer:infer_main", "Chat in the terminal, or batch-infer a dataset to jsonl."),
+    "rollout": ("swift.pipelines.rollout:rollout_main", "Generation server for RL trainers, with checked weight sync."),
     "deploy": ("swift.pipelines.deploy:deploy_main", "Serve a model (and LoRA adapters) behind an OpenAI-compatible API."),
     "merge-lora": ("swift.pipelines.merge_lora:merge_lora_main", "Merge LoRA adapters into a standalone HF model."),
 }
@@ -26,6 +27,7 @@ ARGUMENT_CLASSES = {
     "sft": "swift.arguments:SftArguments",
     "rlhf": "swift.arguments.rlhf:RLHFArguments",
     "infer": "swift.pipelines.infer:InferArguments",
+    "rollout": "swift.pipelines.rollout:RolloutArguments",
     "deploy": "swift.pipelines.deploy:DeployArguments",
     "merge-lora": "swift.pipelines.merge_lora:MergeLoraArguments",
 }

@@ -52,7 +52,8 @@ def build_engine(args) -> tuple[InferEngine, dict[str, str]]:
     return TransformersEngine(model, tokenizer, template, max_batch_size=args.max_batch_size), adapters
 
 
-def build_vllm_engine(args) -> tuple[InferEngine, dict[str, str]]:
+def build_vllm_engine(args, **engine_kwargs) -> tuple[InferEngine, dict[str, str]]:
+    """`engine_kwargs` go to VllmEngine (the rollout server adds its weight-sync extension)."""
     from swift.infer.vllm_engine import VllmEngine
 
     adapters = args.engine_args.named_adapters()
@@ -72,7 +73,7 @@ def build_vllm_engine(args) -> tuple[InferEngine, dict[str, str]]:
     dtype = "auto" if args.torch_dtype == "auto" else args.torch_dtype
     engine = VllmEngine(model_dir, tokenizer, template, adapters=adapters, dtype=dtype,
                         max_model_len=args.vllm_max_model_len, gpu_memory_utilization=utilization,
-                        max_batch_size=args.max_batch_size, enforce_eager=args.vllm_enforce_eager)
+                        max_batch_size=args.max_batch_size, enforce_eager=args.vllm_enforce_eager, **engine_kwargs)
     return engine, adapters
 
 

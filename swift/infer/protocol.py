@@ -144,6 +144,18 @@ class InferEngine(abc.ABC):
         """Make the engine generate with `model`'s current weights, and check that it does."""
         raise SwiftError(f"{type(self).__name__} cannot take weights from a trainer")
 
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prompt prefixes (computed with older weights); engines without one ignore it."""
+
+    def weight_shapes(self) -> dict[str, list[int]]:
+        """Shape of every weight `load_weights` accepts, by Hugging Face name."""
+        raise SwiftError(f"{type(self).__name__} cannot take weights from a trainer")
+
+    def load_weights(self, named: list[tuple[str, Any]]) -> int:
+        """Load Hugging Face-named tensors; return the checksum (`swift.utils.checksum`) of the
+        tensors as the engine holds them afterwards, in the given order."""
+        raise SwiftError(f"{type(self).__name__} cannot take weights from a trainer")
+
     def infer(self, requests: list[InferRequest], config: RequestConfig | None = None) -> list[InferResponse]:
         """Generate for many requests at once (they share decoding batches)."""
         config = config or RequestConfig()

@@ -21,6 +21,7 @@ from swift.infer.protocol import (Choice, InferEngine, InferRequest, InferRespon
                                   TokenLogprob, drain)
 from swift.infer.sampling import apply_repetition_penalty, sample
 from swift.template.base import Template
+from swift.utils.checksum import checksum
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -53,8 +54,13 @@ class _Row:
 
 class TransformersEngine(InferEngine):
     def __init__(self, model, tokenizer, template: Template, *, max_batch_size: int = 32,
-                 max_model_len: int | None = None, default_adapter: str | None = None):
-        """`default_adapter`: the LoRA adapter of requests that name none (None: the base model)."""
+                 max_model_len: int | None = None, default_adapter: str | None = None,
+                 processed_logprobs: bool = False):
+        """`default_adapter`: the LoRA adapter of requests that name none (None: the base model).
+        `processed_logprobs`: report log-probs of the distribution actually sampled from (after the
+        repetition penalty and temperature), as an RL trainer's importance weights need; otherwise
+        the model's raw log-probs."""
+        self.processed_logprobs = processed_logprobs
         self.model = model.eval()
         self.default_adapter = default_adapter
         self._active_adapter: tuple | None = None
@@ -81,6 +87,21 @@ class TransformersEngine(InferEngine):
             q = mine.get(name)
             if q is None or (q.data_ptr() != p.data_ptr() and not torch.equal(q, p)):
                 raise SwiftError(f"weight sync failed: engine parameter {name} differs from the trainer's")
+
+    def weight_shapes(self) -> dict[str, list[int]]:
+        return {name: list(t.shape) for name, t in self.model.state_dict().items()}
+
+    def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
+        """Copy tensors into the model's parameters (cast to their dtype), then fingerprint the
+        parameters themselves, so the checksum proves what the engine will generate with."""
+        state = self.model.state_dict()
+        for name, tensor in named:
+            if name not in state or list(state[name].shape) != list(tensor.shape):
+                raise SwiftError(f"load_weights: {name} {list(tensor.shape)} does not match the model")
+        with torch.no_grad():
+            for name, tensor in named:
+                state[name].copy_(tensor)
+        return checksum([state[name].to(tensor.dtype) for name, tensor in named])
 
     def _submit(self, request: InferRequest, config: RequestConfig, deliver, on_delta=None) -> _Job:
         prompt = self.encode(request)
@@ -224,7 +245,10 @@ class TransformersEngine(InferEngine):
         while True:
             scored = apply_repetition_penalty(logits, [r.job.prompt + r.tokens for r in rows], cfg.repetition_penalty)
             next_tokens = sample(scored, cfg, [r.generator for r in rows])
-            logprobs = torch.log_softmax(logits, -1) if cfg.logprobs else None
+            logprobs = None
+            if cfg.logprobs:
+                processed = self.processed_logprobs and cfg.temperature > 0
+                logprobs = torch.log_softmax(scored / cfg.temperature if processed else logits, -1)
             for i, (row, token) in enumerate(zip(rows, next_tokens.tolist())):
                 self._advance(row, token, logprobs[i] if logprobs is not None else None, stop_len)
             keep = [i for i, r in enumerate(rows) if r.finish is None and not r.job.cancelled]

@@ -13,6 +13,7 @@ from typing import AsyncIterator
 
 from swift.infer.protocol import (Choice, InferEngine, InferRequest, InferResponse, RequestConfig, StreamDelta,
                                   TokenLogprob, drain)
+from swift.utils.checksum import checksum
 from swift.utils.registry import SwiftError
 
 
@@ -32,9 +33,12 @@ class VllmEngine(InferEngine):
     def __init__(self, model_dir: str, tokenizer, template, *, adapters: dict[str, str] | None = None,
                  dtype: str = "auto", max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_batch_size: int = 256, enforce_eager: bool = False, seed: int = 0,
-                 worker_extension_cls: str | None = None):
+                 worker_extension_cls: str | None = None, processed_logprobs: bool = False):
+        """`processed_logprobs`: report log-probs of the distribution sampled from (after temperature
+        and penalties) instead of the model's raw ones, as an RL trainer's importance weights need."""
         engine_args, engine_cls, self._sampling_cls, self._prompt_cls, lora_cls = _import_vllm()
-        self.tokenizer, self.template = tokenizer, template
+        self.tokenizer, self.template, self.model_dir = tokenizer, template, model_dir
+        self._shapes: dict[str, list[int]] | None = None
         self._loras = {name: lora_cls(name, i + 1, path) for i, (name, path) in enumerate((adapters or {}).items())}
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True, name="swift-vllm").start()
@@ -45,6 +49,8 @@ class VllmEngine(InferEngine):
             kwargs["max_lora_rank"] = 64
         if worker_extension_cls:
             kwargs["worker_extension_cls"] = worker_extension_cls
+        if processed_logprobs:
+            kwargs["logprobs_mode"] = "processed_logprobs"
 
         async def create():
             return engine_cls.from_engine_args(engine_args(**kwargs))
@@ -57,19 +63,40 @@ class VllmEngine(InferEngine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def sync_weights(self, model) -> None:
-        """Push the trainer's weights (LoRA merged in) into vLLM's workers, then check that every
-        worker received exactly those tensors, and drop cached prefixes computed with the old ones."""
+        """Push the trainer's weights (LoRA merged in) into vLLM's workers, checked by `load_weights`."""
         named = hf_state_dict(model)
-        names, tensors = [n for n, _ in named], [t for _, t in named]
-        sent = [float(t.double().sum()) for t in tensors]
+        if getattr(model.config, "tie_word_embeddings", False):
+            named = [(n, t) for n, t in named if n != "lm_head.weight"]
+        expected = checksum([t for _, t in named])
+        if self.load_weights(named) != expected:
+            raise SwiftError("weight sync to vLLM failed: the workers' checksum differs from the trainer's")
+
+    def weight_shapes(self) -> dict[str, list[int]]:
+        """From the model's config on the meta device (vLLM fuses some weights internally; it loads
+        them by their Hugging Face names)."""
+        if self._shapes is None:
+            import torch
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            with torch.device("meta"):
+                meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.model_dir))
+            self._shapes = {name: list(t.shape) for name, t in meta.state_dict().items()}
+        return self._shapes
+
+    def load_weights(self, named: list[tuple]) -> int:
+        """Send the tensors to every vLLM worker, which loads them in place and fingerprints them as
+        they arrived; every worker must agree. The prefix cache is dropped afterwards."""
         from swift.infer.vllm_worker import pack
 
+        names = [n for n, _ in named]
         received = self._run(self.engine.collective_rpc("swift_load_weights",
-                                                        args=(names, [pack(t) for t in tensors])))
-        for worker in received:
-            bad = [n for n, a, b in zip(names, sent, worker) if a != b]
-            if len(worker) != len(names) or bad:
-                raise SwiftError(f"weight sync to vLLM failed: checksums differ for {bad[:3] or 'the tensor count'}")
+                                                        args=(names, [pack(t) for _, t in named])))
+        if len(set(received)) != 1:
+            raise SwiftError(f"weight sync to vLLM failed: the workers disagree ({received})")
+        self._run(self.engine.reset_prefix_cache())
+        return received[0]
+
+    def reset_prefix_cache(self) -> None:
         self._run(self.engine.reset_prefix_cache())
 
     def _params(self, config: RequestConfig):

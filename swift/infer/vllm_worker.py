@@ -18,10 +18,10 @@ def unpack(dtype: str, shape: list[int], data: bytes):
 
 
 class WeightSyncExtension:
-    def swift_load_weights(self, names: list[str], packed: list) -> list[float]:
-        """Load HF-named tensors into the running model; return the float64 sum of each tensor as it
-        arrived, so the sender can check the transport."""
-        import torch
+    def swift_load_weights(self, names: list[str], packed: list) -> int:
+        """Load HF-named tensors into the running model; return their checksum as they arrived, so
+        the sender can check the transport."""
+        from swift.utils.checksum import checksum
 
         tensors = [unpack(*p) for p in packed]
         runner = self.model_runner
@@ -29,4 +29,4 @@ class WeightSyncExtension:
             runner.reload_weights(weights_iterator=list(zip(names, tensors)), is_checkpoint_format=True)
         else:
             runner.model.load_weights(weights=list(zip(names, tensors)))
-        return [float(t.to(torch.float64).sum()) for t in tensors]
+        return checksum(tensors)

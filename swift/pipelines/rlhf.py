@@ -230,6 +230,19 @@ class RLHFPipeline(TrainPipeline):
             return colocated_vllm_engine(model, template, gpu_memory_utilization=a.vllm_gpu_memory_utilization,
                                          max_model_len=a.vllm_max_model_len, seed=a.seed)
 
+        def rollout_server(model):
+            from swift.rollout.client import RolloutClient
+
+            client = RolloutClient(a.vllm_server_host, a.vllm_server_port, timeout=a.vllm_server_timeout,
+                                   bucket_mb=a.weight_sync_bucket_mb)
+            if a.use_vllm and client.info["engine_type"] != "VllmEngine":
+                raise SwiftError(f"--use_vllm true --vllm_mode server, but the rollout server {client.url} runs "
+                                 f"{client.info['engine_type']}: start it with --infer_backend vllm, or train with "
+                                 "--rollout_mode server")
+            return client
+
+        if a.rlhf_args.server_mode:
+            return rollout_server
         return vllm_engine if a.use_vllm else transformers_engine
 
 

@@ -22,6 +22,15 @@ class Trajectory:
     messages: list[dict]  # the whole conversation
     rollout_infos: dict[str, Any] = field(default_factory=dict)
     turns: int = 1
+    # the sampler's log-prob of each completion token when asked for (NaN where unknown: an appended
+    # end token, environment tokens); an off-policy trainer's importance weights come from these
+    logprobs: list[float] | None = None
+
+
+def _logprobs(choice, eos: int | None) -> list[float]:
+    values = [lp.logprob for lp in choice.logprobs or []]
+    values += [float("nan")] * (len(_with_end(choice, eos)) - len(values))
+    return values
 
 
 def _with_end(choice, eos: int | None) -> list[int]:
@@ -39,7 +48,8 @@ def single_turn(engine: InferEngine, template: Template, requests: list[RolloutI
             out.append(Trajectory(prompt, completion, [1] * len(completion), choice.text,
                                   choice.finish_reason == "length",
                                   [*request.messages, {"role": "assistant", "content": choice.text}],
-                                  dict(request.rollout_infos)))
+                                  dict(request.rollout_infos),
+                                  logprobs=_logprobs(choice, eos) if config.logprobs else None))
     return out
 
 
@@ -50,6 +60,7 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
     ids = [template.encode_continuation(s.messages) for s in states]
     prompt_len = [len(x) for x in ids]
     masks: list[list[int]] = [[] for _ in states]
+    lps: list[list[float]] = [[] for _ in states]
     texts, truncated, turns = [""] * len(states), [False] * len(states), [0] * len(states)
     active = list(range(len(states)))
     seed = config.seed
@@ -70,6 +81,7 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
             generated = _with_end(choice, eos)
             ids[i] = ids[i] + generated
             masks[i] += [1] * len(generated)
+            lps[i] += _logprobs(choice, eos) if config.logprobs else []
             turns[i] += 1
             state = states[i]
             if state.messages[-1]["role"] == "assistant":  # the model continued an (edited) answer
@@ -87,11 +99,14 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
                 raise SwiftError(f"multi-turn scheduler {type(scheduler).__name__} changed the prompt of a trajectory")
             # tokens the model generated and the scheduler kept carry loss; everything new is environment
             masks[i] = masks[i][:keep - prompt_len[i]] + [0] * (len(following) - keep)
+            if config.logprobs:
+                lps[i] = lps[i][:keep - prompt_len[i]] + [float("nan")] * (len(following) - keep)
             ids[i] = following
             still.append(i)
         active = still
     return [Trajectory(ids[i][:prompt_len[i]], ids[i][prompt_len[i]:], masks[i], texts[i], truncated[i],
-                       states[i].messages, dict(states[i].rollout_infos), turns[i]) for i in range(len(states))]
+                       states[i].messages, dict(states[i].rollout_infos), turns[i],
+                       lps[i] if config.logprobs else None) for i in range(len(states))]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -106,7 +121,10 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 def rollout(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
             n: int, *, eos: int | None, scheduler: MultiTurnScheduler | None = None,
             max_completion_length: int = 512) -> list[Trajectory]:
-    """n trajectories per request, request-major."""
+    """n trajectories per request, request-major. An engine that runs whole rollouts itself (a
+    `swift rollout` server, whose scheduler runs server-side) is handed the requests as they are."""
+    if hasattr(engine, "rollout"):
+        return engine.rollout(requests, config, n, max_completion_length=max_completion_length)
     if scheduler is None:
         return single_turn(engine, template, requests, config, n, eos)
     return multi_turn(engine, template, requests, config, n, eos, scheduler, max_completion_length)

@@ -6,8 +6,10 @@ repeats every batch `num_iterations` times so the same rollout is trained on tha
 against its old log-probs."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -92,7 +94,17 @@ class GRPOTrainer(RLHFTrainer):
         self.scheduler = scheduler
         # the engine starts with the trainer (vLLM takes a while), and generates with the policy's weights
         self.engine = engine_factory(self.accelerator.unwrap_model(self.model))
+        self._remote = hasattr(self.engine, "rollout")  # a rollout server: generation leaves this process
+        self._synced_step: int | None = None
         self.num_generations = a.num_generations
+        # --async_generate: the batches fetched ahead (by the order training_step will see them) and the
+        # generation running for the next rollout
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, "swift-async-rollout") if a.async_generate else None
+        self._ahead: deque = deque()
+        self._ahead_iter = None
+        self._batches: dict[int, list] = {}
+        self._fetched = 0
+        self._pending: tuple[int, concurrent.futures.Future] | None = None
         self._rollout: Rollout | None = None
         self._uses = 0
         self._completions_path = os.path.join(self.args.output_dir, "completions.jsonl")
@@ -113,32 +125,84 @@ class GRPOTrainer(RLHFTrainer):
         finally:
             self.args.per_device_train_batch_size, self._train_batch_size = size, total
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """With --async_generate, read `num_iterations` batches ahead so the prompts of the next
+        rollout are known while this one trains."""
+        if self._pool is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        if epoch_iterator is not self._ahead_iter:
+            self._ahead_iter, self._ahead = epoch_iterator, deque()
+        while len(self._ahead) < num_batches + self.rlhf_args.num_iterations:
+            try:
+                batch = next(epoch_iterator)
+            except StopIteration:
+                break
+            self._batches[self._fetched] = batch
+            self._fetched += 1
+            self._ahead.append(batch)
+        samples = [self._ahead.popleft() for _ in range(min(num_batches, len(self._ahead)))]
+        return samples, self._get_num_items_in_batch(samples, device)
+
     # -- rollout -----------------------------------------------------------------------------------
-    def _policy_engine(self):
-        self.engine.sync_weights(self.accelerator.unwrap_model(self.model))  # checked, every rollout
-        return self.engine
+    def _sync_engine(self) -> None:
+        """Push the policy's weights to the engine (checked) unless it already has these."""
+        if self._synced_step == self.state.global_step:
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        if not self._remote:
+            self.engine.sync_weights(model)
+        else:  # one trainer process feeds the server; the others wait for it
+            if self.accelerator.is_main_process:
+                self.engine.sync_weights(model)
+            self.accelerator.wait_for_everyone()
+        self._synced_step = self.state.global_step
 
     def close(self) -> None:
-        """Stop the inference engine (vLLM's processes)."""
+        """Stop the inference engine (vLLM's processes) or leave the rollout server's communicator."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self.engine.close()
 
     def _request_config(self, seed: int | None = None) -> RequestConfig:
         a = self.rlhf_args
         return RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p,
-                             top_k=a.top_k, repetition_penalty=a.repetition_penalty, seed=seed)
+                             top_k=a.top_k, repetition_penalty=a.repetition_penalty, seed=seed,
+                             logprobs=a.async_generate)  # the sampler's log-probs weight off-policy tokens
 
     def _generate(self, prompts: list[dict], n: int, seed: int | None = None) -> list[Trajectory]:
-        engine = self._policy_engine()
+        self._sync_engine()
+        return self._rollout_with_current_engine(prompts, n, seed)
+
+    def _rollout_with_current_engine(self, prompts: list[dict], n: int, seed: int | None = None) -> list[Trajectory]:
         requests = [RolloutInferRequest(messages=list(p["messages"]), data_dict=p["columns"]) for p in prompts]
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
-        model.eval()
+        if not self._remote:
+            model.eval()  # the engine generates with this very module
         try:
-            return rollout(engine, self.template, requests, self._request_config(seed), n,
+            return rollout(self.engine, self.template, requests, self._request_config(seed), n,
                            eos=self.processing_class.eos_token_id, scheduler=self.scheduler,
                            max_completion_length=self.rlhf_args.max_completion_length)
         finally:
             model.train(was_training)
+
+    def _next_trajectories(self, prompts: list[dict]) -> list[Trajectory]:
+        """This rollout's trajectories: generated during the previous step (--async_generate, from
+        the weights before that step's update) or now. Then start generating the next rollout."""
+        n, k = self.num_generations, self.rlhf_args.num_iterations
+        if self._pending is not None and self._pending[0] == self._uses:
+            trajectories = self._pending[1].result()
+        else:
+            trajectories = self._generate(prompts, n)
+        self._pending = None
+        if self._pool is not None:
+            for seq in [s for s in self._batches if s <= self._uses]:
+                del self._batches[seq]
+            following = self._batches.get(self._uses + k)
+            if following is not None:
+                self._sync_engine()
+                self._pending = (self._uses + k, self._pool.submit(self._rollout_with_current_engine, following, n))
+        return trajectories
 
     def _score(self, prompts: list[dict], trajectories: list[Trajectory], n: int):
         rows = [p for p in prompts for _ in range(n)]
@@ -155,7 +219,7 @@ class GRPOTrainer(RLHFTrainer):
 
     def _generate_and_score(self, prompts: list[dict]) -> Rollout:
         a, n = self.rlhf_args, self.num_generations
-        trajectories = self._generate(prompts, n)
+        trajectories = self._next_trajectories(prompts)
         rewards, per_func = self._score(prompts, trajectories, n)
         if a.dynamic_sample:  # DAPO: groups whose rewards are all equal teach nothing; sample them again
             for _ in range(a.max_resample_times):
@@ -201,9 +265,16 @@ class GRPOTrainer(RLHFTrainer):
                 loss_mask[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
             if t.truncated and self.rlhf_args.overlong_filter:
                 loss_mask[i] = 0  # truncated answers say nothing about the reward of a finished one
-        return {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
-                "completion_mask": completion_mask, "loss_mask": loss_mask,
-                "truncated": torch.tensor([t.truncated for t in trajectories])}
+        batch = {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
+                 "completion_mask": completion_mask, "loss_mask": loss_mask,
+                 "truncated": torch.tensor([t.truncated for t in trajectories])}
+        if all(t.logprobs is not None for t in trajectories):
+            sampling = torch.full((b, lc), float("nan"))
+            for i, t in enumerate(trajectories):
+                if t.logprobs:
+                    sampling[i, :len(t.logprobs)] = torch.tensor(t.logprobs, dtype=torch.float32)
+            batch["sampling_logps"] = sampling
+        return batch
 
     # -- log-probs ---------------------------------------------------------------------------------
     def _token_logps(self, model, batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -230,6 +301,11 @@ class GRPOTrainer(RLHFTrainer):
         old = inputs.get("old_logps")
         old = logps.detach() if old is None else old
         weights = high_entropy_mask(entropies, mask, a.top_entropy_quantile) if a.top_entropy_quantile < 1 else None
+        sampling_metrics = {}
+        if inputs.get("sampling_logps") is not None:
+            is_weights, sampling_metrics = self._importance_weights(old, inputs["sampling_logps"], mask)
+            if is_weights is not None:
+                weights = is_weights if weights is None else weights * is_weights
         loss, info = self.algorithm.loss(
             logps, old, inputs["advantages"], mask, epsilon=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta,
             ref_logps=inputs.get("ref_logps"), kl_type=a.kl_estimator,
@@ -245,7 +321,30 @@ class GRPOTrainer(RLHFTrainer):
                    "clip_ratio/region_mean": masked_mean(info["low_clipped"] | info["high_clipped"])}
         if info["kl"] is not None:
             metrics["kl"] = masked_mean(info["kl"].detach())
+        metrics.update(sampling_metrics)
         return loss, metrics
+
+    def _importance_weights(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor):
+        """Per-token weights π_old/π_sampler for tokens sampled by older weights (or another
+        engine), truncated or masked at the threshold, and their metrics (TRL's names)."""
+        a = self.rlhf_args
+        known = ~sampling.isnan() & (mask > 0)
+        diff = torch.where(known, old.detach() - sampling.nan_to_num(0.0), torch.zeros_like(old))
+        ratio = diff.exp()
+        metrics = {}
+        if known.any():
+            r, d = ratio[known], diff[known].abs()
+            metrics = {"sampling/sampling_logp_difference/mean": d.mean().item(),
+                       "sampling/sampling_logp_difference/max": d.max().item(),
+                       "sampling/importance_sampling_ratio/min": r.min().item(),
+                       "sampling/importance_sampling_ratio/mean": r.mean().item(),
+                       "sampling/importance_sampling_ratio/max": r.max().item()}
+        threshold = a.rollout_importance_sampling_threshold
+        if a.rollout_importance_sampling_mode == "token_truncate":
+            return ratio.clamp(max=threshold), metrics
+        if a.rollout_importance_sampling_mode == "token_mask":
+            return torch.where(ratio <= threshold, ratio, torch.zeros_like(ratio)), metrics
+        return None, metrics
 
     # -- metrics and evaluation --------------------------------------------------------------------
     def _log_rollout(self, prompts, trajectories, rewards, per_func, advantages) -> None:

@@ -1,0 +1,414 @@
+"""`swift rollout`: a generation server for RL trainers, with checked weight sync.
+
+The HTTP process (FastAPI) owns no model. It starts `--data_parallel_size` worker processes, each
+with its own InferEngine (TransformersEngine or VllmEngine), splits every request list between
+them, and relays weight-sync commands. Each worker runs its commands in order, so a weight update
+never overlaps a generation on that worker.
+
+Endpoints (ms-swift's rollout protocol, plus TRL's `/generate/`): see docs/rollout.md.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import multiprocessing
+import os
+import threading
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from swift.deploy.openai_api import RequestError
+from swift.deploy.server import read_body
+from swift.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "n", "seed", "stop", "logprobs",
+               "top_logprobs")
+
+
+# -- the worker process ----------------------------------------------------------------------------
+def _build_engine(args, rank: int):
+    import torch
+
+    from swift.infer.factory import build_vllm_engine, load_for_serving
+    from swift.infer.transformers_engine import TransformersEngine
+
+    if args.infer_backend == "vllm":
+        engine, _ = build_vllm_engine(args, worker_extension_cls="swift.infer.vllm_worker.WeightSyncExtension",
+                                      processed_logprobs=True)
+        return engine
+    if torch.cuda.is_available() and args.data_parallel_size > 1:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    model, tokenizer, template, _ = load_for_serving(args)
+    return TransformersEngine(model, tokenizer, template, max_batch_size=args.max_batch_size,
+                              processed_logprobs=True)
+
+
+class _Worker:
+    """What one worker process does with each command."""
+
+    def __init__(self, args, rank: int):
+        import torch
+
+        from swift.rollout.multi_turn import build_scheduler
+        from swift.utils.plugins import import_plugin
+
+        for path in args.external_plugins:
+            import_plugin(path)
+        self.rank = rank
+        self.engine = _build_engine(args, rank)
+        self.scheduler = build_scheduler(args.multi_turn_scheduler, args.max_turns, env=args.gym_env)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.group = None
+
+    def info(self) -> dict:
+        import torch
+
+        model = getattr(self.engine, "model", None)
+        if model is not None:
+            dtype = next(model.parameters()).dtype
+        else:
+            dtype = self.engine.engine.model_config.dtype
+        return {"engine_type": type(self.engine).__name__, "shapes": self.engine.weight_shapes(),
+                "dtype": str(dtype).removeprefix("torch."), "enable_multi_turn": self.scheduler is not None,
+                "cuda": torch.cuda.is_available()}
+
+    def infer(self, requests: list[dict], config: dict, n: int, max_completion_length: int | None) -> list[dict]:
+        from swift.infer.protocol import RequestConfig
+        from swift.rollout.multi_turn import RolloutInferRequest
+        from swift.rollout.runner import rollout
+
+        cfg = RequestConfig(**config)
+        trajectories = rollout(self.engine, self.engine.template, [RolloutInferRequest(**r) for r in requests], cfg, n,
+                               eos=self.engine.tokenizer.eos_token_id, scheduler=self.scheduler,
+                               max_completion_length=max_completion_length or cfg.max_tokens)
+        out = [asdict(t) for t in trajectories]
+        for t in out:  # JSON has no NaN: unknown log-probs travel as null
+            if t["logprobs"] is not None:
+                t["logprobs"] = [None if x != x else x for x in t["logprobs"]]
+        return out
+
+    def generate(self, prompts: list, config: dict) -> dict:
+        from swift.infer.protocol import InferRequest, RequestConfig
+
+        requests = [InferRequest(input_ids=p) if isinstance(p, list) else InferRequest(prompt=p) for p in prompts]
+        responses = self.engine.infer(requests, RequestConfig(**config))
+        return {"prompt_ids": [self.engine.encode(r) for r in requests],
+                "completion_ids": [c.token_ids for r in responses for c in r.choices],
+                "logprobs": [[lp.logprob for lp in c.logprobs or []] for r in responses for c in r.choices]}
+
+    def init_communicator(self, host: str, port: int, world_size: int, timeout: float) -> None:
+        from swift.rollout.weight_sync import WeightGroup
+
+        self.group = WeightGroup(host, port, self.rank, world_size, timeout, self.device)
+
+    def receive(self, metadatas: list[dict]) -> int:
+        """One bucket: receive the flat tensor, load it into the engine, report its checksum."""
+        import torch
+
+        from swift.rollout.weight_sync import parse_dtype, unflatten
+
+        if self.group is None:
+            raise RuntimeError("no communicator: the trainer must call /init_communicator/ first")
+        try:
+            flat = torch.empty(metadatas[-1]["end_idx"], dtype=parse_dtype(metadatas[0]["dtype"]), device=self.device)
+            self.group.broadcast(flat)
+            value = self.engine.load_weights(unflatten(flat, metadatas))
+            self.group.gather_checksums(value)
+            return value
+        except Exception:
+            self.group = None  # a broken group is never reused; the trainer must initialise a new one
+            raise
+
+    def close_communicator(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        self.group = None
+
+    def reset_prefix_cache(self) -> None:
+        self.engine.reset_prefix_cache()
+
+
+def worker_main(args, rank: int, connection) -> None:
+    """Entry point of a worker process: build the engine, report ready, then serve commands."""
+    import torch
+
+    if not torch.cuda.is_available():  # share the CPU between the workers
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.data_parallel_size))
+    try:
+        worker = _Worker(args, rank)
+        connection.send(("ready", None, worker.info()))
+    except Exception as e:
+        connection.send(("ready", f"{type(e).__name__}: {e}", None))
+        return
+    while True:
+        try:
+            cid, method, kwargs = connection.recv()
+        except (EOFError, KeyboardInterrupt):
+            break
+        if method == "shutdown":
+            break
+        try:
+            connection.send((cid, None, getattr(worker, method)(**kwargs)))
+        except Exception as e:
+            logger.exception(f"worker {rank}: {method} failed")
+            connection.send((cid, f"{type(e).__name__}: {e}", None))
+    worker.engine.close()
+
+
+# -- the HTTP process ------------------------------------------------------------------------------
+class WorkerHandle:
+    """A worker process and the futures of the commands sent to it."""
+
+    def __init__(self, args, rank: int, ctx):
+        self.rank = rank
+        self.connection, child = ctx.Pipe()
+        self.process = ctx.Process(target=worker_main, args=(args, rank, child), daemon=True,
+                                   name=f"swift-rollout-{rank}")
+        self.process.start()
+        self._ids = itertools.count()
+        self.ready: concurrent.futures.Future = concurrent.futures.Future()
+        self._futures: dict[Any, concurrent.futures.Future] = {"ready": self.ready}
+        self._send_lock = threading.Lock()
+        self.alive = True
+        threading.Thread(target=self._read, daemon=True, name=f"swift-rollout-reader-{rank}").start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                cid, err, result = self.connection.recv()
+            except (EOFError, OSError):
+                break
+            future = self._futures.pop(cid, None)
+            if future is not None:
+                future.set_exception(RuntimeError(err)) if err else future.set_result(result)
+        self.alive = False
+        for future in list(self._futures.values()):
+            future.set_exception(RuntimeError(f"rollout worker {self.rank} exited"))
+        self._futures.clear()
+
+    def call(self, method: str, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.alive:
+            future.set_exception(RuntimeError(f"rollout worker {self.rank} exited"))
+            return future
+        cid = next(self._ids)
+        self._futures[cid] = future
+        with self._send_lock:
+            self.connection.send((cid, method, kwargs))
+        return future
+
+    def stop(self) -> None:
+        if self.alive:
+            try:
+                with self._send_lock:
+                    self.connection.send((None, "shutdown", {}))
+            except OSError:
+                pass
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.terminate()
+
+
+class RolloutServer:
+    """The worker pool and the communicator state behind the HTTP routes."""
+
+    def __init__(self, args):
+        self.args = args
+        ctx = multiprocessing.get_context("spawn")
+        self.workers = [WorkerHandle(args, rank, ctx) for rank in range(args.data_parallel_size)]
+        self.info: dict = {}
+        self.communicator: dict | None = None
+
+    def wait_ready(self) -> None:
+        from swift.utils.registry import SwiftError
+
+        infos = []
+        for w in self.workers:
+            try:
+                infos.append(w.ready.result())
+            except Exception as e:
+                self.stop()
+                raise SwiftError(f"rollout worker {w.rank} failed to start: {e}") from None
+        self.info = infos[0]
+        logger.info(f"{len(self.workers)} rollout worker(s) ready ({self.info['engine_type']}, "
+                    f"{self.info['dtype']})")
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    async def all(self, method: str, **kwargs) -> list:
+        return await asyncio.gather(*(asyncio.wrap_future(w.call(method, **kwargs)) for w in self.workers))
+
+    async def split(self, method: str, items: list, **kwargs) -> list:
+        """Contiguous shares of `items` to the workers (empty shares skipped); results in order."""
+        size = -(-len(items) // len(self.workers))
+        shares = [(w, items[i * size:(i + 1) * size]) for i, w in enumerate(self.workers)]
+        results = await asyncio.gather(*(asyncio.wrap_future(w.call(method, **{**kwargs, key_of(method): share}))
+                                         for w, share in shares if share))
+        return results
+
+    def fire(self, method: str, **kwargs) -> None:
+        """Send to every worker without waiting; a failure closes the communicator (it is broken)."""
+        for w in self.workers:
+            w.call(method, **kwargs).add_done_callback(self._on_sync_done)
+
+    def _on_sync_done(self, future: concurrent.futures.Future) -> None:
+        if future.exception() is not None:
+            logger.error(f"weight sync failed: {future.exception()}")
+            self.communicator = None
+
+
+def key_of(method: str) -> str:
+    return {"infer": "requests", "generate": "prompts"}[method]
+
+
+def _config(body: dict, keys=CONFIG_KEYS) -> dict:
+    from swift.infer.protocol import RequestConfig
+    from swift.utils.registry import SwiftError
+
+    raw = body.get("request_config") or {}
+    if not isinstance(raw, dict):
+        raise RequestError("request_config must be an object", "request_config")
+    config = {k: raw[k] for k in keys if raw.get(k) is not None}
+    try:
+        RequestConfig(**config)
+    except (SwiftError, TypeError) as e:
+        raise RequestError(f"request_config: {e}", "request_config") from None
+    return config
+
+
+def create_app(server: RolloutServer) -> FastAPI:
+    app = FastAPI(title="swift rollout")
+
+    @app.exception_handler(RequestError)
+    async def request_error(_, e: RequestError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(Exception)
+    async def server_error(_, e: Exception):
+        logger.error(f"rollout server error: {type(e).__name__}: {e}")
+        return JSONResponse(RequestError(f"rollout server error: {e}", status=500).body(), status_code=500)
+
+    @app.get("/health/")
+    @app.get("/health")
+    async def health():
+        dead = [w.rank for w in server.workers if not w.alive]
+        if dead:
+            return JSONResponse(RequestError(f"rollout workers {dead} exited", status=503).body(), status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/get_world_size/")
+    async def get_world_size():
+        return {"world_size": len(server.workers)}
+
+    @app.post("/get_engine_type/")
+    async def get_engine_type():
+        return {"engine_type": server.info["engine_type"], "enable_multi_turn": server.info["enable_multi_turn"],
+                "dtype": server.info["dtype"], "data_parallel_size": len(server.workers)}
+
+    @app.post("/infer/")
+    async def infer(request: Request):
+        body = await read_body(request)
+        requests = body.get("infer_requests")
+        if not isinstance(requests, list) or not requests:
+            raise RequestError("infer_requests must be a non-empty list", "infer_requests")
+        clean = []
+        for i, r in enumerate(requests):
+            messages = r.get("messages") if isinstance(r, dict) else None
+            if not isinstance(messages, list) or not messages or not all(
+                    isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+                raise RequestError(f"infer_requests[{i}].messages must be a non-empty list of "
+                                   "{role, content} objects", "infer_requests")
+            clean.append({"messages": messages, "data_dict": r.get("data_dict") or {},
+                          "rollout_infos": r.get("rollout_infos") or {}})
+        config = _config(body)
+        n = config.pop("n", 1)
+        limit = body.get("max_completion_length")
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise RequestError("max_completion_length must be a positive integer", "max_completion_length")
+        shares = await server.split("infer", clean, config=config, n=n, max_completion_length=limit)
+        trajectories = [t for share in shares for t in share]
+        return [{"choices": trajectories[i * n:(i + 1) * n]} for i in range(len(clean))]
+
+    @app.post("/generate/")
+    async def generate(request: Request):
+        body = await read_body(request)
+        prompts = body.get("prompts")
+        if not isinstance(prompts, list) or not prompts or not all(
+                (isinstance(p, str) and p) or (isinstance(p, list) and p and all(isinstance(t, int) for t in p))
+                for p in prompts):
+            raise RequestError("prompts must be a non-empty list of strings or token-id lists", "prompts")
+        config = _config({"request_config": {**body, "logprobs": True}})
+        shares = await server.split("generate", prompts, config=config)
+        return {key: [x for share in shares for x in share[key]] for key in ("prompt_ids", "completion_ids",
+                                                                             "logprobs")}
+
+    @app.post("/init_communicator/")
+    async def init_communicator(request: Request):
+        body = await read_body(request)
+        world_size = len(server.workers) + 1
+        if server.communicator is not None:
+            c = server.communicator
+            raise RequestError(f"a trainer ({c['host']}:{c['port']}) already holds the weight-sync communicator; "
+                               "it must call /close_communicator/ first", status=409, code="communicator_in_use")
+        host, port = body.get("host"), body.get("port")
+        if not isinstance(host, str) or not isinstance(port, int) or not 0 < port < 65536:
+            raise RequestError("host (string) and port (1..65535) are required", "port")
+        if body.get("world_size") not in (None, world_size):
+            raise RequestError(f"world_size must be {world_size} ({len(server.workers)} workers + the trainer), "
+                               f"got {body.get('world_size')}", "world_size")
+        timeout = float(body.get("timeout") or server.args.weight_sync_timeout)
+        server.communicator = {"host": host, "port": port}
+        server.fire("init_communicator", host=host, port=port, world_size=world_size, timeout=timeout)
+        return {"message": "initialising communicator", "world_size": world_size}
+
+    async def update(metadatas) -> dict:
+        from swift.rollout.weight_sync import validate_metadata
+
+        if server.communicator is None:
+            raise RequestError("no communicator: call /init_communicator/ first", status=409, code="no_communicator")
+        if not isinstance(metadatas, list) or not all(isinstance(m, dict) for m in metadatas):
+            raise RequestError("metadatas must be a list of objects", "metadatas")
+        try:
+            validate_metadata(metadatas, server.info["shapes"])
+        except ValueError as e:
+            raise RequestError(str(e), "metadatas") from None
+        server.fire("receive", metadatas=metadatas)
+        return {"message": "receiving", "numel": metadatas[-1]["end_idx"]}
+
+    @app.post("/update_flattened_params/")
+    async def update_flattened_params(request: Request):
+        body = await read_body(request)
+        return await update(body.get("metadatas"))
+
+    @app.post("/update_named_param/")
+    async def update_named_param(request: Request):
+        body = await read_body(request)
+        shape = body.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise RequestError("shape must be a list of non-negative integers", "shape")
+        numel = 1
+        for s in shape:
+            numel *= s
+        return await update([{"name": body.get("name"), "shape": shape, "dtype": body.get("dtype"),
+                              "start_idx": 0, "end_idx": numel, "numel": numel}])
+
+    @app.post("/reset_prefix_cache/")
+    async def reset_prefix_cache():
+        await server.all("reset_prefix_cache")
+        return {"success": True}
+
+    @app.post("/close_communicator/")
+    async def close_communicator():
+        await server.all("close_communicator")
+        server.communicator = None
+        return {"message": "communicator closed"}
+
+    return app
