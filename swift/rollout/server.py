@@ -87,10 +87,15 @@ class _Worker:
         trajectories = rollout(self.engine, self.engine.template, [RolloutInferRequest(**r) for r in requests], cfg, n,
                                eos=self.engine.tokenizer.eos_token_id, scheduler=self.scheduler,
                                max_completion_length=max_completion_length or cfg.max_tokens)
-        out = [asdict(t) for t in trajectories]
-        for t in out:  # JSON has no NaN: unknown log-probs travel as null
-            if t["logprobs"] is not None:
-                t["logprobs"] = [None if x != x else x for x in t["logprobs"]]
+        out = []
+        for t in trajectories:
+            d = asdict(t)
+            if d["logprobs"] is not None:  # JSON has no NaN: unknown log-probs travel as null
+                d["logprobs"] = [None if x != x else x for x in d["logprobs"]]
+            # ms-swift's names for the same things
+            d.update(message={"role": "assistant", "content": t.text}, response_token_ids=t.completion_ids,
+                     response_loss_mask=t.loss_mask, finish_reason="length" if t.truncated else "stop")
+            out.append(d)
         return out
 
     def generate(self, prompts: list, config: dict) -> dict:
@@ -372,14 +377,14 @@ def create_app(server: RolloutServer) -> FastAPI:
     async def update(metadatas) -> dict:
         from swift.rollout.weight_sync import validate_metadata
 
-        if server.communicator is None:
-            raise RequestError("no communicator: call /init_communicator/ first", status=409, code="no_communicator")
         if not isinstance(metadatas, list) or not all(isinstance(m, dict) for m in metadatas):
             raise RequestError("metadatas must be a list of objects", "metadatas")
         try:
             validate_metadata(metadatas, server.info["shapes"])
         except ValueError as e:
             raise RequestError(str(e), "metadatas") from None
+        if server.communicator is None:
+            raise RequestError("no communicator: call /init_communicator/ first", status=409, code="no_communicator")
         server.fire("receive", metadatas=metadatas)
         return {"message": "receiving", "numel": metadatas[-1]["end_idx"]}
 

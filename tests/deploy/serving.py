@@ -1,4 +1,4 @@
-"""Start `swift deploy` as a real process on a free loopback port."""
+"""Start `swift deploy` / `swift rollout` as a real process on a free loopback port."""
 import socket
 import subprocess
 import sys
@@ -13,23 +13,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def deploy(*argv: str):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "swift", "deploy", "--port", str(port), *argv],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start(command: str, *argv: str, port: int | None = None, health: str = "/health",
+          timeout: float = 180) -> tuple[str, subprocess.Popen]:
+    """Launch `swift <command> --port P ...` and wait until `health` answers; returns (url, process)."""
+    port = port or free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "swift", command, "--port", str(port), *argv],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+    deadline = time.time() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(base + health, timeout=1)
+            return base, proc
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"swift {command} did not come up")
+            time.sleep(0.5)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("swift deploy did not come up")
-                time.sleep(0.5)
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+@contextmanager
+def serve(command: str, *argv: str, **kwargs):
+    base, proc = start(command, *argv, **kwargs)
+    try:
         yield base
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
+
+
+def deploy(*argv: str):
+    return serve("deploy", *argv)

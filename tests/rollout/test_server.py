@@ -1,0 +1,222 @@
+"""`swift rollout` as a real server process: endpoints, exact weight sync, faults, GRPO server mode."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+import torch
+
+from swift.infer.protocol import RequestConfig
+from swift.infer.transformers_engine import TransformersEngine
+from swift.model import load_model
+from swift.pipelines.rlhf import rlhf_main
+from swift.rollout import client as client_module
+from swift.rollout.client import RolloutClient
+from swift.rollout.multi_turn import RolloutInferRequest
+from swift.template import get_template
+from swift.utils.registry import SwiftError
+from tests.conftest import ROOT, train_argv
+from tests.deploy.serving import free_port, serve, start, stop
+
+
+@pytest.fixture(scope="module")
+def server():
+    """Two data-parallel TransformersEngine workers on the built-in tiny model."""
+    with serve("rollout", "--model", "builtin:tiny-chat", "--data_parallel_size", "2", health="/health/") as base:
+        yield base
+
+
+def port_of(base: str) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+def perturbed_model(seed: int):
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model, tokenizer
+
+
+PROMPTS = [RolloutInferRequest(messages=[{"role": "user", "content": f"What is {i} + {2 * i}?"}]) for i in range(5)]
+
+
+def test_endpoints(server):
+    assert requests.get(server + "/health/").json() == {"status": "ok"}
+    assert requests.get(server + "/get_world_size/").json() == {"world_size": 2}
+    info = requests.post(server + "/get_engine_type/").json()
+    assert info["engine_type"] == "TransformersEngine" and info["enable_multi_turn"] is False
+    # TRL's /generate/: one prompt_ids per prompt, n completions per prompt, a log-prob per token
+    out = requests.post(server + "/generate/", json={"prompts": ["1+1=", "2+2=", "3+3="], "n": 2, "max_tokens": 5,
+                                                     "temperature": 1.0}).json()
+    assert len(out["prompt_ids"]) == 3 and len(out["completion_ids"]) == 6
+    assert [len(lp) for lp in out["logprobs"]] == [len(c) for c in out["completion_ids"]]
+    # ms-swift's /infer/: n choices per request, each with token ids and a loss mask
+    body = {"infer_requests": [{"messages": r.messages} for r in PROMPTS],
+            "request_config": {"n": 3, "max_tokens": 6, "temperature": 1.0}}
+    outputs = requests.post(server + "/infer/", json=body).json()
+    assert len(outputs) == 5 and all(len(o["choices"]) == 3 for o in outputs)
+    choice = outputs[0]["choices"][0]
+    assert choice["response_token_ids"] == choice["completion_ids"]
+    assert len(choice["response_loss_mask"]) == len(choice["completion_ids"]) and choice["message"]["role"] == "assistant"
+
+
+def test_weight_sync_is_exact_after_many_syncs(server):
+    client = RolloutClient(port=port_of(server), timeout=60, bucket_mb=0.25)  # several buckets
+    try:
+        for seed in range(3):
+            model, tokenizer = perturbed_model(seed)
+            client.sync_weights(model)  # raises unless every worker's checksum equals ours, bucket by bucket
+        # generation on the server now equals generation with the trainer's weights, token for token
+        local = TransformersEngine(model, tokenizer, get_template("jinja", tokenizer))
+        config = RequestConfig(max_tokens=12, temperature=0.0)
+        remote = client.rollout(PROMPTS, config, 1)
+        mine = [r.choices[0].token_ids for r in local.infer([local_request(local, p) for p in PROMPTS], config)]
+        assert [t.completion_ids[:len(m)] for t, m in zip(remote, mine)] == mine
+        # the comparison is real: a trainer whose checksum differs stops with one line naming the server
+        original = client_module.checksum
+        client_module.checksum = lambda tensors: original(tensors) + 1
+        try:
+            with pytest.raises(SwiftError, match="checksum mismatch"):
+                client.sync_weights(model)
+        finally:
+            client_module.checksum = original
+    finally:
+        client.close()
+
+
+def local_request(engine, prompt):
+    from swift.infer.protocol import InferRequest
+
+    return InferRequest(input_ids=engine.template.encode_continuation(prompt.messages))
+
+
+def test_second_trainer_gets_409_until_the_first_leaves(server):
+    model, _ = perturbed_model(0)
+    first = RolloutClient(port=port_of(server), timeout=60)
+    first.sync_weights(model)
+    second = RolloutClient(port=port_of(server), timeout=60)
+    with pytest.raises(SwiftError, match="409.*already holds the weight-sync communicator"):
+        second.init_communicator()
+    first.close()
+    second.sync_weights(model)
+    second.close()
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/update_named_param/", {"name": "model.norm.weight", "dtype": "torch.float32", "shape": [7]}),
+    ("/update_named_param/", {"name": "model.norm.weight", "dtype": "torch.int8", "shape": [128]}),
+    ("/update_named_param/", {"name": "no.such.weight", "dtype": "float32", "shape": [128]}),
+    ("/update_named_param/", {"name": "model.norm.weight", "dtype": "float32", "shape": "128"}),
+    ("/update_flattened_params/", {"metadatas": [{"name": "model.norm.weight", "dtype": "float32", "shape": [128],
+                                                  "start_idx": 5, "end_idx": 133, "numel": 128}]}),
+    ("/update_flattened_params/", {"metadatas": "x"}),
+    ("/infer/", {"infer_requests": [{"messages": "hi"}]}),
+    ("/infer/", {"infer_requests": [{"messages": [{"role": "user", "content": "hi"}]}],
+                 "request_config": {"temperature": -1}}),
+    ("/generate/", {"prompts": [3]}),
+    ("/init_communicator/", {"host": "127.0.0.1", "port": 0}),
+])
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, path, body):
+    response = requests.post(server + path, json=body)
+    assert 400 <= response.status_code < 500, response.text
+    assert "message" in response.json()["error"]
+    assert requests.post(server + "/infer/", data=b"{not json").status_code == 400
+    assert requests.get(server + "/health/").status_code == 200
+
+
+def grpo_server_argv(out, port, *extra):
+    return train_argv(out, "--rlhf_type", "grpo", "--dataset", "builtin:arith-sft#64", "--reward_funcs",
+                      "tests.rollout.test_server:digit_reward", "--num_generations", "2",
+                      "--per_device_train_batch_size", "8", "--max_completion_length", "8", "--temperature", "0",
+                      "--advantage_estimator", "reinforce_plus_plus", "--learning_rate", "5e-3", "--beta", "0.04",
+                      "--vllm_server_port", str(port), *extra)
+
+
+def digit_reward(completions, **kwargs):
+    """Varies between prompts even for the untrained model's greedy answers: digits count double."""
+    return [(len(set(c)) + sum(ch.isdigit() for ch in c)) / max(len(c), 1) for c in completions]
+
+
+def curves(out):
+    with open(os.path.join(out, "logging.jsonl")) as f:
+        rows = [json.loads(line) for line in f if '"loss"' in line]
+    return [r["reward"] for r in rows], [r["loss"] for r in rows]
+
+
+def test_grpo_server_mode_matches_colocate(server, tmp_path):
+    """Greedy rollouts (with a batch baseline, so they still carry a signal): the rewards and losses of
+    server mode equal colocate mode's, step by step, over several weight syncs."""
+    rlhf_main(grpo_server_argv(tmp_path / "colocate", port_of(server), "--max_steps", "4"))
+    rlhf_main(grpo_server_argv(tmp_path / "server", port_of(server), "--max_steps", "4", "--rollout_mode", "server"))
+    rewards_c, loss_c = curves(tmp_path / "colocate")
+    rewards_s, loss_s = curves(tmp_path / "server")
+    assert len(rewards_c) == 4
+    assert len({round(r, 6) for r in rewards_c}) > 1  # the weights moved and the rollouts changed with them
+    assert rewards_s == pytest.approx(rewards_c, abs=1e-6)
+    assert loss_s == pytest.approx(loss_c, rel=1e-3, abs=1e-6)
+
+
+def test_async_generate_logs_importance_sampling(server, tmp_path):
+    rlhf_main(grpo_server_argv(tmp_path, port_of(server), "--max_steps", "4", "--rollout_mode", "server",
+                               "--async_generate", "true", "--temperature", "1.0"))
+    with open(tmp_path / "logging.jsonl") as f:
+        rows = [json.loads(line) for line in f if '"loss"' in line]
+    assert len(rows) == 4
+    for name in ("min", "mean", "max"):
+        assert all(f"sampling/importance_sampling_ratio/{name}" in r for r in rows)
+    # from the second rollout on, samples come from the weights one update behind: ratios move off 1
+    later = rows[1:]
+    assert max(r["sampling/importance_sampling_ratio/max"] for r in later) > 1.0
+    assert all(r["sampling/importance_sampling_ratio/min"] > 0 for r in rows)
+
+
+def test_server_killed_mid_training_then_resume(tmp_path):
+    port = free_port()
+    base, proc = start("rollout", "--model", "builtin:tiny-chat", port=port, health="/health/")
+    out = tmp_path / "run"
+    argv = grpo_server_argv(out, port, "--max_steps", "30", "--rollout_mode", "server", "--temperature", "1.0",
+                            "--save_strategy", "steps", "--save_steps", "2", "--vllm_server_timeout", "20")
+    trainer = subprocess.Popen([sys.executable, "-m", "swift", "rlhf", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while not (out / "checkpoint-2").is_dir():
+            assert trainer.poll() is None and time.time() < deadline, trainer.stderr.read() if trainer.poll() else ""
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole server: HTTP process and workers
+        killed = time.time()
+        _, err = trainer.communicate(timeout=60)
+        assert trainer.returncode != 0
+        assert time.time() - killed < 40  # within --vllm_server_timeout (plus shutdown), never a hang
+        last = err.strip().splitlines()[-1]
+        assert f"rollout server http://127.0.0.1:{port}" in last, err[-2000:]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    # a fresh server on the same port, and the run resumes from its last checkpoint
+    checkpoints = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    with serve("rollout", "--model", "builtin:tiny-chat", port=port, health="/health/"):
+        argv = grpo_server_argv(out, port, "--max_steps", str(checkpoints[-1] + 2), "--rollout_mode", "server",
+                                "--temperature", "1.0", "--resume_from_checkpoint",
+                                str(out / f"checkpoint-{checkpoints[-1]}"))
+        result = rlhf_main(argv)
+    assert result["global_step"] == checkpoints[-1] + 2
+
+
+def test_server_mode_without_a_server_fails_fast_naming_it(tmp_path):
+    port = free_port()
+    start_time = time.time()
+    with pytest.raises(SwiftError, match=f"rollout server http://127.0.0.1:{port} is not reachable"):
+        rlhf_main(grpo_server_argv(tmp_path, port, "--rollout_mode", "server", "--vllm_server_timeout", "3"))
+    assert time.time() - start_time < 30
+
+
+def test_async_generate_needs_a_server(tmp_path):
+    with pytest.raises(SwiftError, match="--async_generate needs a rollout server"):
+        rlhf_main(grpo_server_argv(tmp_path, 1, "--async_generate", "true"))
