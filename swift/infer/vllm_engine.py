@@ -64,9 +64,7 @@ class VllmEngine(InferEngine):
 
     def sync_weights(self, model) -> None:
         """Push the trainer's weights (LoRA merged in) into vLLM's workers, checked by `load_weights`."""
-        named = hf_state_dict(model)
-        if getattr(model.config, "tie_word_embeddings", False):
-            named = [(n, t) for n, t in named if n != "lm_head.weight"]
+        named = hf_state_dict(model)  # a tied lm_head too: vLLM's in-place reload does not re-tie it
         expected = checksum([t for _, t in named])
         if self.load_weights(named) != expected:
             raise SwiftError("weight sync to vLLM failed: the workers' checksum differs from the trainer's")

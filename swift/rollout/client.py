@@ -39,13 +39,11 @@ def _local_address(server_host: str) -> str:
 
 
 def sync_state_dict(model, dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
-    """The weights a server loads: Hugging Face names, LoRA merged, tied copies left out."""
+    """The weights a server loads: Hugging Face names, LoRA merged; a tied output embedding is sent
+    too (vLLM's in-place reload does not re-tie it)."""
     from swift.infer.vllm_engine import hf_state_dict
 
     named = hf_state_dict(model)
-    config = (model.get_base_model() if hasattr(model, "peft_config") else model).config
-    if getattr(config, "tie_word_embeddings", False):
-        named = [(n, t) for n, t in named if n != "lm_head.weight"]
     if dtype is not None:
         named = [(n, t.to(dtype)) for n, t in named]
     return named

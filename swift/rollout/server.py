@@ -173,8 +173,8 @@ class WorkerHandle:
     def __init__(self, args, rank: int, ctx):
         self.rank = rank
         self.connection, child = ctx.Pipe()
-        self.process = ctx.Process(target=worker_main, args=(args, rank, child), daemon=True,
-                                   name=f"swift-rollout-{rank}")
+        # not a daemon: vLLM starts processes of its own; a worker exits when this pipe closes
+        self.process = ctx.Process(target=worker_main, args=(args, rank, child), name=f"swift-rollout-{rank}")
         self.process.start()
         self._ids = itertools.count()
         self.ready: concurrent.futures.Future = concurrent.futures.Future()
@@ -270,6 +270,19 @@ class RolloutServer:
             self.communicator = None
 
 
+def _holder_gone(communicator: dict) -> bool:
+    """A trainer that died without closing its communicator no longer listens on its store port."""
+    import socket
+
+    try:
+        socket.create_connection((communicator["host"], communicator["port"]), timeout=2).close()
+        return False
+    except OSError:
+        logger.warning(f"the trainer at {communicator['host']}:{communicator['port']} is gone; releasing its "
+                       "weight-sync communicator")
+        return True
+
+
 def key_of(method: str) -> str:
     return {"infer": "requests", "generate": "prompts"}[method]
 
@@ -359,7 +372,7 @@ def create_app(server: RolloutServer) -> FastAPI:
     async def init_communicator(request: Request):
         body = await read_body(request)
         world_size = len(server.workers) + 1
-        if server.communicator is not None:
+        if server.communicator is not None and not _holder_gone(server.communicator):
             c = server.communicator
             raise RequestError(f"a trainer ({c['host']}:{c['port']}) already holds the weight-sync communicator; "
                                "it must call /close_communicator/ first", status=409, code="communicator_in_use")
