@@ -363,6 +363,8 @@ def create_app(server: RolloutServer) -> FastAPI:
                 (isinstance(p, str) and p) or (isinstance(p, list) and p and all(isinstance(t, int) for t in p))
                 for p in prompts):
             raise RequestError("prompts must be a non-empty list of strings or token-id lists", "prompts")
+        if body.get("min_p") not in (None, 0, 0.0):
+            raise RequestError("min_p is not supported by swift's engines; leave it unset or 0", "min_p")
         config = _config({"request_config": {**body, "logprobs": True}})
         shares = await server.split("generate", prompts, config=config)
         return {key: [x for share in shares for x in share[key]] for key in ("prompt_ids", "completion_ids",

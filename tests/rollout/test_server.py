@@ -127,6 +127,7 @@ def test_second_trainer_gets_409_until_the_first_leaves(server):
     ("/infer/", {"infer_requests": [{"messages": [{"role": "user", "content": "hi"}]}],
                  "request_config": {"temperature": -1}}),
     ("/generate/", {"prompts": [3]}),
+    ("/generate/", {"prompts": ["1+1="], "min_p": 0.1}),
     ("/init_communicator/", {"host": "127.0.0.1", "port": 0}),
 ])
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, path, body):
@@ -227,3 +228,27 @@ def test_server_mode_without_a_server_fails_fast_naming_it(tmp_path):
 def test_async_generate_needs_a_server(tmp_path):
     with pytest.raises(SwiftError, match="--async_generate needs a rollout server"):
         rlhf_main(grpo_server_argv(tmp_path, 1, "--async_generate", "true"))
+
+
+def test_use_vllm_server_refuses_a_server_without_vllm(server, tmp_path):
+    with pytest.raises(SwiftError, match="runs TransformersEngine"):
+        rlhf_main(grpo_server_argv(tmp_path, port_of(server), "--use_vllm", "true", "--vllm_mode", "server"))
+
+
+def test_multi_turn_scheduler_runs_in_the_server_worker(quickstart):
+    """The worker a server runs (here in process): a gym scheduler's turns and loss masks. The
+    quickstart's sft model answers sums, so it ends its turns; the hidden number is not the sum."""
+    from swift.pipelines.rollout import RolloutArguments
+    from swift.rollout.server import _Worker
+
+    args = RolloutArguments(model=os.path.join(quickstart[1], "sft"), multi_turn_scheduler="gym",
+                            gym_env="guess_number", max_turns=3)
+    worker = _Worker(args, 0)
+    assert worker.info()["enable_multi_turn"] is True
+    out = worker.infer([{"messages": [{"role": "user", "content": "What is 12 + 30?"}], "data_dict": {"solution": "999"}}],
+                       {"max_tokens": 8, "temperature": 0.0}, 2, 64)
+    assert len(out) == 2
+    for t in out:
+        assert t["turns"] == 3, t["messages"]  # "higher" each time: every turn is used
+        assert 0 in t["loss_mask"] and 1 in t["loss_mask"]  # environment replies carry no loss
+        assert t["response_loss_mask"] == t["loss_mask"]
