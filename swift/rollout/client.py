@@ -15,7 +15,8 @@ import torch
 from swift.infer.protocol import RequestConfig
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory
-from swift.rollout.weight_sync import WeightGroup, checksum, plan_buckets
+from swift.rollout.weight_sync import WeightGroup, plan_buckets
+from swift.utils.checksum import checksum
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 

@@ -251,13 +251,13 @@ class RolloutServer:
     async def all(self, method: str, **kwargs) -> list:
         return await asyncio.gather(*(asyncio.wrap_future(w.call(method, **kwargs)) for w in self.workers))
 
-    async def split(self, method: str, items: list, **kwargs) -> list:
-        """Contiguous shares of `items` to the workers (empty shares skipped); results in order."""
+    async def split(self, method: str, key: str, items: list, **kwargs) -> list:
+        """Contiguous shares of `items` (passed as `key`) to the workers, empty shares skipped;
+        the workers' results in order."""
         size = -(-len(items) // len(self.workers))
         shares = [(w, items[i * size:(i + 1) * size]) for i, w in enumerate(self.workers)]
-        results = await asyncio.gather(*(asyncio.wrap_future(w.call(method, **{**kwargs, key_of(method): share}))
-                                         for w, share in shares if share))
-        return results
+        return await asyncio.gather(*(asyncio.wrap_future(w.call(method, **{key: share}, **kwargs))
+                                      for w, share in shares if share))
 
     def fire(self, method: str, **kwargs) -> None:
         """Send to every worker without waiting; a failure closes the communicator (it is broken)."""
@@ -281,10 +281,6 @@ def _holder_gone(communicator: dict) -> bool:
         logger.warning(f"the trainer at {communicator['host']}:{communicator['port']} is gone; releasing its "
                        "weight-sync communicator")
         return True
-
-
-def key_of(method: str) -> str:
-    return {"infer": "requests", "generate": "prompts"}[method]
 
 
 def _config(body: dict, keys=CONFIG_KEYS) -> dict:
@@ -351,7 +347,7 @@ def create_app(server: RolloutServer) -> FastAPI:
         limit = body.get("max_completion_length")
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise RequestError("max_completion_length must be a positive integer", "max_completion_length")
-        shares = await server.split("infer", clean, config=config, n=n, max_completion_length=limit)
+        shares = await server.split("infer", "requests", clean, config=config, n=n, max_completion_length=limit)
         trajectories = [t for share in shares for t in share]
         return [{"choices": trajectories[i * n:(i + 1) * n]} for i in range(len(clean))]
 
@@ -366,7 +362,7 @@ def create_app(server: RolloutServer) -> FastAPI:
         if body.get("min_p") not in (None, 0, 0.0):
             raise RequestError("min_p is not supported by swift's engines; leave it unset or 0", "min_p")
         config = _config({"request_config": {**body, "logprobs": True}})
-        shares = await server.split("generate", prompts, config=config)
+        shares = await server.split("generate", "prompts", prompts, config=config)
         return {key: [x for share in shares for x in share[key]] for key in ("prompt_ids", "completion_ids",
                                                                              "logprobs")}
 

@@ -17,7 +17,6 @@ import math
 import torch
 import torch.distributed as dist
 
-from swift.utils.checksum import checksum  # noqa: F401  (re-exported for callers)
 from swift.utils.registry import SwiftError
 
 DTYPES = {name: getattr(torch, name) for name in ("float32", "float16", "bfloat16", "float64")}

@@ -20,7 +20,7 @@ from swift.rollout.multi_turn import RolloutInferRequest
 from swift.template import get_template
 from swift.utils.registry import SwiftError
 from tests.conftest import ROOT, train_argv
-from tests.deploy.serving import free_port, serve, start, stop
+from tests.deploy.serving import free_port, serve, start
 
 
 @pytest.fixture(scope="module")
