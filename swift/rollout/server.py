@@ -366,6 +366,14 @@ def create_app(server: RolloutServer) -> FastAPI:
         return {key: [x for share in shares for x in share[key]] for key in ("prompt_ids", "completion_ids",
                                                                              "logprobs")}
 
+    add_weight_sync_routes(app, server)
+    return app
+
+
+def add_weight_sync_routes(app: FastAPI, server: RolloutServer) -> None:
+    """/init_communicator/, /update_*/, /reset_prefix_cache/, /close_communicator/: the HTTP half of
+    a weight sync (the tensors travel over the group, see `swift.rollout.weight_sync`)."""
+
     @app.post("/init_communicator/")
     async def init_communicator(request: Request):
         body = await read_body(request)
@@ -426,5 +434,3 @@ def create_app(server: RolloutServer) -> FastAPI:
         await server.all("close_communicator")
         server.communicator = None
         return {"message": "communicator closed"}
-
-    return app
