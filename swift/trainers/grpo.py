@@ -175,14 +175,19 @@ class GRPOTrainer(RLHFTrainer):
 
     def _rollout_with_current_engine(self, prompts: list[dict], n: int, seed: int | None = None) -> list[Trajectory]:
         requests = [RolloutInferRequest(messages=list(p["messages"]), data_dict=p["columns"]) for p in prompts]
-        model = self.accelerator.unwrap_model(self.model)
-        was_training = model.training
-        if not self._remote:
-            model.eval()  # the engine generates with this very module
-        try:
+
+        def run():
             return rollout(self.engine, self.template, requests, self._request_config(seed), n,
                            eos=self.processing_class.eos_token_id, scheduler=self.scheduler,
                            max_completion_length=self.rlhf_args.max_completion_length)
+
+        if self._remote:  # the policy module is not touched (this may run beside training)
+            return run()
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()  # the engine generates with this very module
+        try:
+            return run()
         finally:
             model.train(was_training)
 
