@@ -14,16 +14,26 @@ import concurrent.futures
 import itertools
 import multiprocessing
 import os
+import socket
 import threading
 from dataclasses import asdict
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from swift.deploy.openai_api import RequestError
 from swift.deploy.server import read_body
+from swift.infer.factory import build_vllm_engine, load_for_serving
+from swift.infer.protocol import InferRequest, RequestConfig
+from swift.infer.transformers_engine import TransformersEngine
+from swift.rollout.multi_turn import RolloutInferRequest, build_scheduler
+from swift.rollout.runner import rollout
+from swift.rollout.weight_sync import WeightGroup, parse_dtype, unflatten, validate_metadata
 from swift.utils.logging import get_logger
+from swift.utils.plugins import import_plugin
+from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 
@@ -33,11 +43,6 @@ CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalt
 
 # -- the worker process ----------------------------------------------------------------------------
 def _build_engine(args, rank: int):
-    import torch
-
-    from swift.infer.factory import build_vllm_engine, load_for_serving
-    from swift.infer.transformers_engine import TransformersEngine
-
     if args.infer_backend == "vllm":
         engine, _ = build_vllm_engine(args, worker_extension_cls="swift.infer.vllm_worker.WeightSyncExtension",
                                       processed_logprobs=True)
@@ -53,11 +58,6 @@ class _Worker:
     """What one worker process does with each command."""
 
     def __init__(self, args, rank: int):
-        import torch
-
-        from swift.rollout.multi_turn import build_scheduler
-        from swift.utils.plugins import import_plugin
-
         for path in args.external_plugins:
             import_plugin(path)
         self.rank = rank
@@ -67,8 +67,6 @@ class _Worker:
         self.group = None
 
     def info(self) -> dict:
-        import torch
-
         model = getattr(self.engine, "model", None)
         if model is not None:
             dtype = next(model.parameters()).dtype
@@ -79,10 +77,6 @@ class _Worker:
                 "cuda": torch.cuda.is_available()}
 
     def infer(self, requests: list[dict], config: dict, n: int, max_completion_length: int | None) -> list[dict]:
-        from swift.infer.protocol import RequestConfig
-        from swift.rollout.multi_turn import RolloutInferRequest
-        from swift.rollout.runner import rollout
-
         cfg = RequestConfig(**config)
         trajectories = rollout(self.engine, self.engine.template, [RolloutInferRequest(**r) for r in requests], cfg, n,
                                eos=self.engine.tokenizer.eos_token_id, scheduler=self.scheduler,
@@ -99,8 +93,6 @@ class _Worker:
         return out
 
     def generate(self, prompts: list, config: dict) -> dict:
-        from swift.infer.protocol import InferRequest, RequestConfig
-
         requests = [InferRequest(input_ids=p) if isinstance(p, list) else InferRequest(prompt=p) for p in prompts]
         responses = self.engine.infer(requests, RequestConfig(**config))
         return {"prompt_ids": [self.engine.encode(r) for r in requests],
@@ -108,16 +100,10 @@ class _Worker:
                 "logprobs": [[lp.logprob for lp in c.logprobs or []] for r in responses for c in r.choices]}
 
     def init_communicator(self, host: str, port: int, world_size: int, timeout: float) -> None:
-        from swift.rollout.weight_sync import WeightGroup
-
         self.group = WeightGroup(host, port, self.rank, world_size, timeout, self.device)
 
     def receive(self, metadatas: list[dict]) -> int:
         """One bucket: receive the flat tensor, load it into the engine, report its checksum."""
-        import torch
-
-        from swift.rollout.weight_sync import parse_dtype, unflatten
-
         if self.group is None:
             raise RuntimeError("no communicator: the trainer must call /init_communicator/ first")
         try:
@@ -141,8 +127,6 @@ class _Worker:
 
 def worker_main(args, rank: int, connection) -> None:
     """Entry point of a worker process: build the engine, report ready, then serve commands."""
-    import torch
-
     if not torch.cuda.is_available():  # share the CPU between the workers
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.data_parallel_size))
     try:
@@ -231,8 +215,6 @@ class RolloutServer:
         self.communicator: dict | None = None
 
     def wait_ready(self) -> None:
-        from swift.utils.registry import SwiftError
-
         infos = []
         for w in self.workers:
             try:
@@ -272,8 +254,6 @@ class RolloutServer:
 
 def _holder_gone(communicator: dict) -> bool:
     """A trainer that died without closing its communicator no longer listens on its store port."""
-    import socket
-
     try:
         socket.create_connection((communicator["host"], communicator["port"]), timeout=2).close()
         return False
@@ -283,14 +263,11 @@ def _holder_gone(communicator: dict) -> bool:
         return True
 
 
-def _config(body: dict, keys=CONFIG_KEYS) -> dict:
-    from swift.infer.protocol import RequestConfig
-    from swift.utils.registry import SwiftError
-
+def _config(body: dict) -> dict:
     raw = body.get("request_config") or {}
     if not isinstance(raw, dict):
         raise RequestError("request_config must be an object", "request_config")
-    config = {k: raw[k] for k in keys if raw.get(k) is not None}
+    config = {k: raw[k] for k in CONFIG_KEYS if raw.get(k) is not None}
     try:
         RequestConfig(**config)
     except (SwiftError, TypeError) as e:
@@ -394,8 +371,6 @@ def add_weight_sync_routes(app: FastAPI, server: RolloutServer) -> None:
         return {"message": "initialising communicator", "world_size": world_size}
 
     async def update(metadatas) -> dict:
-        from swift.rollout.weight_sync import validate_metadata
-
         if not isinstance(metadatas, list) or not all(isinstance(m, dict) for m in metadatas):
             raise RequestError("metadatas must be a list of objects", "metadatas")
         try:
