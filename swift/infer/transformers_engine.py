@@ -9,7 +9,9 @@ dropped from the batch at once.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
@@ -74,7 +76,24 @@ class TransformersEngine(InferEngine):
         self.eos_ids = {e for e in eos if e is not None}
         self._pending: deque[_Job] = deque()
         self._wake = threading.Condition()
-        threading.Thread(target=self._worker, daemon=True, name="swift-engine").start()
+        self._closed = False
+        self._thread = threading.Thread(target=self._worker, daemon=True, name="swift-engine")
+        self._thread.start()
+        _LIVE_ENGINES.add(self)
+
+    def close(self) -> None:
+        """Stop the worker thread: queued and running requests fail with an error. A daemon thread
+        still inside torch at interpreter exit can abort the process, so engines are closed at exit."""
+        with self._wake:
+            if self._closed:
+                return
+            self._closed = True
+            pending, self._pending = list(self._pending), deque()
+            self._wake.notify_all()
+        for job in pending:
+            job.deliver(SwiftError("the inference engine was closed"))
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
     # -- public API ------------------------------------------------------------------------------
     def sync_weights(self, model) -> None:
@@ -178,10 +197,12 @@ class TransformersEngine(InferEngine):
             job.cancelled = True  # a client that disconnects frees its rows
 
     # -- worker ----------------------------------------------------------------------------------
-    def _next_batch(self) -> list[_Job]:
+    def _next_batch(self) -> list[_Job] | None:
         with self._wake:
-            while not self._pending:
+            while not self._pending and not self._closed:
                 self._wake.wait()
+            if self._closed:
+                return None
             first = self._pending.popleft()
             batch, rows, rest = [first], first.config.n, deque()
             key = (first.config.batch_key(), first.adapter)
@@ -196,8 +217,7 @@ class TransformersEngine(InferEngine):
             return [j for j in batch if not j.cancelled]
 
     def _worker(self) -> None:
-        while True:
-            jobs = self._next_batch()
+        while (jobs := self._next_batch()) is not None:
             if not jobs:
                 continue
             try:
@@ -205,9 +225,12 @@ class TransformersEngine(InferEngine):
                 with torch.inference_mode():
                     self._generate(jobs)
             except Exception as e:  # keep serving: the error goes to the callers of this batch
-                logger.exception("generation failed")
+                if not self._closed:
+                    logger.exception("generation failed")
                 for job in jobs:
-                    job.deliver(e)
+                    if not job.delivered:
+                        job.delivered = True
+                        job.deliver(e)
 
     def _set_adapter(self, name: str | None) -> None:
         if hasattr(self.model, "peft_config"):
@@ -256,6 +279,8 @@ class TransformersEngine(InferEngine):
                 self._maybe_deliver(job)
             if not keep:
                 break
+            if self._closed:
+                raise SwiftError("the inference engine was closed")
             if len(keep) < len(rows):
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
@@ -310,6 +335,10 @@ class TransformersEngine(InferEngine):
         choices = [Choice(r.index, r.text, r.tokens, r.finish, r.logprobs if job.config.logprobs else None)
                    for r in job.rows]
         job.deliver(InferResponse(choices, len(job.prompt), sum(len(r.tokens) for r in job.rows)))
+
+
+_LIVE_ENGINES: "weakref.WeakSet[TransformersEngine]" = weakref.WeakSet()
+atexit.register(lambda: [engine.close() for engine in list(_LIVE_ENGINES)])
 
 
 def _generator(seed: int | None, index: int, device: torch.device) -> torch.Generator | None:

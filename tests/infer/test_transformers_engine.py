@@ -1,4 +1,6 @@
 import asyncio
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -90,3 +92,42 @@ def test_context_overflow_is_a_clear_error(engine):
         engine.infer([chat("hi")], RequestConfig(max_tokens=100_000))
     with pytest.raises(SwiftError, match="temperature must be >= 0"):
         RequestConfig(temperature=-1)
+
+
+def test_close_fails_waiting_requests_and_stops_the_worker(tiny):
+    model, tokenizer, _ = tiny
+    engine = TransformersEngine(model, tokenizer, get_template("chatml", tokenizer))
+    assert engine.infer([chat("1+2=")], RequestConfig(max_tokens=4))[0].choices[0].token_ids
+
+    async def long_request():
+        return await engine.infer_async(chat("1+2="), RequestConfig(max_tokens=400, temperature=1.0, seed=0))
+
+    async def close_while_generating():
+        task = asyncio.ensure_future(long_request())
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(engine.close)
+        return await asyncio.gather(task, return_exceptions=True)
+
+    [result] = asyncio.run(close_while_generating())
+    assert isinstance(result, SwiftError) and "closed" in str(result)
+    assert not engine._thread.is_alive()
+    engine.close()  # idempotent
+
+
+def test_a_process_exits_cleanly_after_generating(tmp_path):
+    """The engine's daemon thread used to abort the interpreter at exit now and then (SIGABRT,
+    `terminate called without an active exception`); engines are closed at exit."""
+    script = tmp_path / "gen.py"
+    script.write_text(
+        "from swift.model import load_model\n"
+        "from swift.infer import InferRequest, RequestConfig, TransformersEngine\n"
+        "from swift.template import get_template\n"
+        "model, tok, _ = load_model('builtin:tiny-chat')\n"
+        "engine = TransformersEngine(model, tok, get_template('chatml', tok))\n"
+        "engine.infer([InferRequest(messages=[{'role': 'user', 'content': '1+2='}])] * 8,\n"
+        "             RequestConfig(max_tokens=16, temperature=1.0))\n"
+        "raise SystemExit(3)\n")
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+        assert proc.returncode == 3, proc.stderr[-2000:]
+        assert "terminate called" not in proc.stderr
