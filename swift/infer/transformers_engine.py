@@ -19,6 +19,7 @@ from typing import AsyncIterator, Callable
 import torch
 from transformers import DynamicCache
 
+from swift.infer.fast_decode import FastDecoder
 from swift.infer.protocol import (Choice, InferEngine, InferRequest, InferResponse, RequestConfig, StreamDelta,
                                   TokenLogprob, drain)
 from swift.infer.sampling import apply_repetition_penalty, sample
@@ -57,12 +58,15 @@ class _Row:
 class TransformersEngine(InferEngine):
     def __init__(self, model, tokenizer, template: Template, *, max_batch_size: int = 32,
                  max_model_len: int | None = None, default_adapter: str | None = None,
-                 processed_logprobs: bool = False):
+                 processed_logprobs: bool = False, fast_decode: bool = True):
         """`default_adapter`: the LoRA adapter of requests that name none (None: the base model).
         `processed_logprobs`: report log-probs of the distribution actually sampled from (after the
         repetition penalty and temperature), as an RL trainer's importance weights need; otherwise
-        the model's raw log-probs."""
+        the model's raw log-probs. `fast_decode`: decode Llama-family models with the lean step of
+        `swift.infer.fast_decode` once its first steps have matched the model's own forward."""
         self.processed_logprobs = processed_logprobs
+        self._fast = FastDecoder.build(model) if fast_decode else None
+        self._fast_verified = False
         self.model = model.eval()
         self.default_adapter = default_adapter
         self._active_adapter: tuple | None = None
@@ -265,6 +269,11 @@ class TransformersEngine(InferEngine):
         rows = [r for j in jobs for r in j.rows]
         stop_len = max((len(s) for s in cfg.stop), default=0)
         unpadded = bool(mask.all())
+        fast, checks = self._fast, []  # until verified, both paths run and the model's own logits are used
+        if fast is not None:
+            fast.start(cache, mask, cfg.max_tokens)
+            if self._fast_verified:
+                cache = None  # the fast path holds the keys and values from here on
         while True:
             scored = apply_repetition_penalty(logits, [r.job.prompt + r.tokens for r in rows], cfg.repetition_penalty)
             next_tokens = sample(scored, cfg, [r.generator for r in rows])
@@ -283,15 +292,35 @@ class TransformersEngine(InferEngine):
                 raise SwiftError("the inference engine was closed")
             if len(keep) < len(rows):
                 index = torch.tensor(keep, device=device)
-                cache.batch_select_indices(index)
+                if cache is not None:
+                    cache.batch_select_indices(index)
+                if fast is not None:
+                    fast.select(index)
                 mask, last_pos, next_tokens = mask[index], last_pos[index], next_tokens[index]
                 rows = [rows[i] for i in keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
             last_pos = last_pos + 1
+            if fast is not None:
+                fast_logits = fast.step(next_tokens, last_pos).float()
+                if self._fast_verified:
+                    logits, cache = fast_logits, None
+                    continue
             # without left padding the causal cache needs no mask, which spares building one per token
             logits = self.model(input_ids=next_tokens[:, None], attention_mask=None if unpadded else mask,
                                 position_ids=last_pos[:, None], past_key_values=cache,
                                 use_cache=True).logits[:, -1].float()
+            if fast is not None:
+                checks.append((fast_logits, logits))
+                if len(checks) == _FAST_CHECK_STEPS:
+                    fast = self._verify_fast(checks)
+
+    def _verify_fast(self, checks: list) -> FastDecoder | None:
+        if self._fast.agrees_with(checks):
+            self._fast_verified = True
+            return self._fast
+        logger.warning("fast decoding disabled: its logits differ from the model's own forward")
+        self._fast = None
+        return None
 
     def _advance(self, row: _Row, token: int, logprobs: torch.Tensor | None, stop_len: int) -> None:
         cfg = row.job.config
@@ -337,6 +366,7 @@ class TransformersEngine(InferEngine):
         job.deliver(InferResponse(choices, len(job.prompt), sum(len(r.tokens) for r in job.rows)))
 
 
+_FAST_CHECK_STEPS = 2  # decoding steps compared with the model's forward before the fast path is trusted
 _LIVE_ENGINES: "weakref.WeakSet[TransformersEngine]" = weakref.WeakSet()
 atexit.register(lambda: [engine.close() for engine in list(_LIVE_ENGINES)])
 

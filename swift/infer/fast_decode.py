@@ -1,0 +1,151 @@
+"""A lean decoding step for Llama-family decoders (llama, mistral, qwen2, qwen3).
+
+Hugging Face's forward rebuilds the attention mask, repeats the grouped key/value heads and grows
+the KV cache with `torch.cat` on every generated token; for small models on CPU that bookkeeping
+costs more than the matrix products. This module runs the same layers (it calls the model's own
+projection, norm, MLP and rotary modules, so LoRA layers and the trainer's live weights are used as
+they are) around a preallocated cache, an additive padding bias built once per batch, and SDPA
+with grouped heads. The prompt is still prefilled by the model's forward.
+
+`FastDecoder.build` returns None for any model it does not cover, and the engine checks the first
+decoding steps against the model's own forward before trusting it (`FastDecoder.agrees_with`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+_GROW = 256  # cache columns added at a time
+
+
+def _rms_norm(module):
+    """The module's RMSNorm as one fused op when it computes in float32 (same result, fewer ops);
+    otherwise the module itself (it upcasts half precision inputs)."""
+    if module.weight.dtype != torch.float32 or not hasattr(module, "variance_epsilon"):
+        return module
+    return lambda x: F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class FastDecoder:
+    def __init__(self, model):
+        self.model = model
+        inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.norm = _rms_norm(inner.norm)
+        self.lm_head = model.get_output_embeddings()
+        self.layers = []
+        for layer in inner.layers:
+            a = layer.self_attn
+            q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+            self.layers.append((_rms_norm(layer.input_layernorm), a.q_proj, a.k_proj, a.v_proj,
+                                q_norm and _rms_norm(q_norm), k_norm and _rms_norm(k_norm), a.o_proj,
+                                _rms_norm(layer.post_attention_layernorm), layer.mlp))
+        first = inner.layers[0].self_attn
+        self.head_dim, self.scaling = first.head_dim, first.scaling
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.bias: torch.Tensor | None = None  # [B, 1, 1, capacity]: 0 where attended, -inf on padding
+        self.length = 0  # filled cache columns
+
+    @classmethod
+    def build(cls, model) -> "FastDecoder | None":
+        """A decoder for `model` (a causal LM, or a PEFT model around one), or None if not covered."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = base.config
+        if getattr(config, "model_type", None) not in SUPPORTED or getattr(config, "hidden_act", "silu") != "silu":
+            return None
+        inner = getattr(base, "model", None)
+        if inner is None or not hasattr(inner, "rotary_emb") or not isinstance(inner.embed_tokens, torch.nn.Embedding):
+            return None
+        for layer in inner.layers:
+            attn = layer.self_attn
+            if getattr(attn, "sliding_window", None) or (config.model_type == "mistral" and config.sliding_window):
+                return None
+        return cls(base)
+
+    # -- cache -------------------------------------------------------------------------------------
+    def start(self, cache: DynamicCache, mask: torch.Tensor, new_tokens: int) -> None:
+        """Take over a prefilled cache (rows already expanded per sample) and its 2D padding mask."""
+        rows, length = mask.shape
+        capacity = length + min(new_tokens, _GROW)
+        self.keys, self.values = [], []
+        for layer in cache.layers:
+            k, v = layer.keys, layer.values
+            kbuf = k.new_zeros(rows, k.size(1), capacity, k.size(3))
+            vbuf = v.new_zeros(rows, v.size(1), capacity, v.size(3))
+            kbuf[:, :, :length] = k
+            vbuf[:, :, :length] = v
+            self.keys.append(kbuf)
+            self.values.append(vbuf)
+        dtype = self.keys[0].dtype
+        self.bias = None
+        if not bool(mask.all()):
+            self.bias = torch.zeros(rows, 1, 1, capacity, dtype=dtype, device=mask.device)
+            self.bias[:, 0, 0, :length].masked_fill_(mask == 0, float("-inf"))
+        self.length = length
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only the rows in `index` (finished rows leave the batch)."""
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        if self.bias is not None:
+            self.bias = self.bias.index_select(0, index)
+
+    def _grow(self) -> None:
+        def wider(t: torch.Tensor, dim: int) -> torch.Tensor:
+            shape = list(t.shape)
+            shape[dim] = _GROW
+            return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+        self.keys = [wider(k, 2) for k in self.keys]
+        self.values = [wider(v, 2) for v in self.values]
+        if self.bias is not None:
+            self.bias = wider(self.bias, 3)
+
+    # -- one token ---------------------------------------------------------------------------------
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] for the next token after `tokens` [B] at `positions` [B]."""
+        if self.length == self.keys[0].size(2):
+            self._grow()
+        t = self.length
+        rows = tokens.size(0)
+        x = self.embed(tokens[:, None])
+        cos, sin = self.rotary(x, positions[:, None])
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, 1, D]
+        bias = self.bias[..., :t + 1] if self.bias is not None else None
+        d = self.head_dim
+        for i, (norm1, q_proj, k_proj, v_proj, q_norm, k_norm, o_proj, norm2, mlp) in enumerate(self.layers):
+            h = norm1(x)
+            q = q_proj(h).view(rows, 1, -1, d)
+            k = k_proj(h).view(rows, 1, -1, d)
+            if q_norm is not None:
+                q, k = q_norm(q), k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            v = v_proj(h).view(rows, 1, -1, d).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.keys[i][:, :, t] = k[:, :, 0]
+            self.values[i][:, :, t] = v[:, :, 0]
+            out = F.scaled_dot_product_attention(q, self.keys[i][:, :, :t + 1], self.values[i][:, :, :t + 1],
+                                                 attn_mask=bias, scale=self.scaling, enable_gqa=True)
+            x = x + o_proj(out.transpose(1, 2).reshape(rows, 1, -1))
+            x = x + mlp(norm2(x))
+        self.length = t + 1
+        return self.lm_head(self.norm(x))[:, -1]
+
+    def agrees_with(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Whether our logits match the model's own forward in every (ours, theirs) pair, within a
+        tolerance for the model's dtype (summation order differs a little)."""
+        tol = 1e-4 if self.keys[0].dtype == torch.float32 else 2e-2
+
+        def close(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
+            return (mine - theirs).abs().max().item() <= tol * (1 + theirs.abs().max().item())
+        return all(close(a, b) for a, b in pairs)

@@ -1,0 +1,102 @@
+"""The engine's lean decoding step gives the same tokens and log-probs as the model's own forward."""
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen3Config
+
+from swift.infer import InferRequest, RequestConfig, TransformersEngine
+from swift.infer.fast_decode import FastDecoder
+from swift.template import get_template
+
+PROMPTS = ["12+34=", "7+5=", "a longer prompt than the others, for left padding", "hi"]
+
+
+def outputs(engine, config):
+    requests = [InferRequest(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
+    return [[(c.token_ids, [lp.logprob for lp in c.logprobs]) for c in r.choices] for r in engine.infer(requests, config)]
+
+
+def assert_same(fast, slow, config):
+    got, want = outputs(fast, config), outputs(slow, config)
+    for response, expected in zip(got, want):
+        for (tokens, logprobs), (tokens_ref, logprobs_ref) in zip(response, expected):
+            assert tokens == tokens_ref
+            assert max((abs(a - b) for a, b in zip(logprobs, logprobs_ref)), default=0) < 1e-4
+
+
+CONFIGS = [RequestConfig(max_tokens=24, temperature=0, n=2, logprobs=True),
+           RequestConfig(max_tokens=300, temperature=1.0, n=3, seed=7, logprobs=True)]  # rows end apart; cache grows
+
+
+def engines(model, tokenizer):
+    template = get_template("chatml", tokenizer)
+    return (TransformersEngine(model, tokenizer, template),
+            TransformersEngine(model, tokenizer, template, fast_decode=False))
+
+
+def test_tiny_model_matches_the_model_forward_and_follows_weight_updates(tiny):
+    model, tokenizer, _ = tiny
+    fast, slow = engines(model, tokenizer)
+    for config in CONFIGS:
+        assert_same(fast, slow, config)
+    assert fast._fast is not None and fast._fast_verified
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        with torch.no_grad():  # an in-place update such as a fused optimizer's
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+        assert_same(fast, slow, CONFIGS[0])
+    finally:
+        model.load_state_dict(original)
+    fast.close()
+    slow.close()
+
+
+def test_lora_adapter_and_base_requests_match(tiny):
+    model, tokenizer, _ = tiny
+    peft = get_peft_model(AutoModelForCausalLM.from_config(model.config), LoraConfig(r=4, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    fast, slow = engines(peft.eval(), tokenizer)
+    fast.default_adapter = slow.default_adapter = "default"
+    assert_same(fast, slow, CONFIGS[0])
+    fast.default_adapter = slow.default_adapter = None  # adapter disabled: the base weights
+    assert_same(fast, slow, CONFIGS[0])
+    fast.close()
+    slow.close()
+
+
+@pytest.mark.parametrize("config_class,extra", [
+    (LlamaConfig, {"attention_bias": True, "mlp_bias": True}),
+    (MistralConfig, {"sliding_window": None}),
+    (Qwen3Config, {}),  # per-head q/k norms
+])
+def test_other_llama_family_models_match(tiny, config_class, extra):
+    _, tokenizer, _ = tiny
+    config = config_class(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert FastDecoder.build(model) is not None
+    fast, slow = engines(model, tokenizer)
+    assert_same(fast, slow, CONFIGS[0])
+    assert fast._fast_verified
+    fast.close()
+    slow.close()
+
+
+def test_uncovered_models_and_a_wrong_fast_path_fall_back(tiny, monkeypatch):
+    _, tokenizer, _ = tiny
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
+    assert FastDecoder.build(gpt2) is None
+    model, _, _ = tiny
+    real_step = FastDecoder.step
+    monkeypatch.setattr(FastDecoder, "step", lambda self, tokens, positions: real_step(self, tokens, positions) + 0.5)
+    fast, slow = engines(model, tokenizer)
+    assert_same(fast, slow, CONFIGS[0])  # the first steps disagreed, so the model's forward was used throughout
+    assert fast._fast is None
+    fast.close()
+    slow.close()
