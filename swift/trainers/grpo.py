@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
+from transformers import DynamicCache
 
 from swift.infer.protocol import RequestConfig
 from swift.rlhf.grpo import compute_advantages, high_entropy_mask
@@ -64,16 +65,21 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
-def token_logps(model, batch: dict, temperature: float = 1.0,
-                with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool = True,
+                group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs and entropies ([B, Lc]) of the completion tokens under the sampling
-    distribution (logits / temperature), from left-padded prompts and right-padded completions."""
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+    distribution (logits / temperature), from left-padded prompts and right-padded completions.
+    `group_size` n > 1: rows come in groups of n with the same prompt, which is then run once per
+    group (its keys and values are shared by the group's completions, gradients included)."""
     completion = batch["completion_ids"]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=completion.size(1) + 1,
-                   use_cache=False).logits[:, :-1].float()
+    logits = _shared_prompt_logits(model, batch, group_size) if group_size > 1 else None
+    if logits is None:
+        ids = torch.cat([batch["prompt_ids"], completion], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                       logits_to_keep=completion.size(1) + 1, use_cache=False).logits[:, :-1]
+    logits = logits.float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
     token = -torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), completion.reshape(-1),
@@ -83,6 +89,33 @@ def token_logps(model, batch: dict, temperature: float = 1.0,
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
     return token, entropy
+
+
+def _shared_prompt_logits(model, batch: dict, n: int) -> torch.Tensor | None:
+    """Logits predicting each completion token, with every group's prompt run once; None when the
+    rows do not come in groups of n identical prompts."""
+    prompt, prompt_mask, completion = batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"]
+    rows = prompt.size(0)
+    if rows % n:
+        return None
+    lead = torch.arange(0, rows, n, device=prompt.device)
+    if not (torch.equal(prompt.view(-1, n, prompt.size(1)), prompt[lead, None].expand(-1, n, -1))
+            and torch.equal(prompt_mask.view(-1, n, prompt.size(1)), prompt_mask[lead, None].expand(-1, n, -1))):
+        return None
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    head = model(input_ids=prompt[lead], attention_mask=prompt_mask[lead], position_ids=positions[lead],
+                 past_key_values=cache, use_cache=True, logits_to_keep=1).logits  # predicts completion token 0
+    cache.batch_repeat_interleave(n)
+    if completion.size(1) == 1:
+        return head.repeat_interleave(n, dim=0)
+    # the last completion token predicts nothing we score, so it is not fed
+    tail_ids = completion[:, :-1]
+    mask = torch.cat([prompt_mask, batch["completion_mask"][:, :-1]], dim=1)
+    tail_positions = positions[:, -1:] + 1 + torch.arange(tail_ids.size(1), device=prompt.device)
+    tail = model(input_ids=tail_ids, attention_mask=mask, position_ids=tail_positions, past_key_values=cache,
+                 use_cache=True).logits
+    return torch.cat([head.repeat_interleave(n, dim=0), tail], dim=1)
 
 
 class GRPOTrainer(RLHFTrainer):
@@ -283,7 +316,15 @@ class GRPOTrainer(RLHFTrainer):
 
     # -- log-probs ---------------------------------------------------------------------------------
     def _token_logps(self, model, batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return token_logps(model, batch, self.rlhf_args.temperature, with_entropy)
+        return token_logps(model, batch, self.rlhf_args.temperature, with_entropy, self._prompt_group(model))
+
+    def _prompt_group(self, model) -> int:
+        """How many rows share each prompt forward: num_generations, unless the model is wrapped
+        (DDP/DeepSpeed expect one forward per backward) or recomputes activations."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        if unwrapped is not model or getattr(unwrapped, "is_gradient_checkpointing", False):
+            return 1
+        return self.num_generations
 
     def _reference_logps(self, batch) -> torch.Tensor:
         if self.ref_model is not None:

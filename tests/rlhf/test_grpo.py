@@ -93,3 +93,50 @@ def test_policy_loss_equals_trl(trl_setup, loss_type, level):
     if level == "token":
         assert (info["low_clipped"] | info["high_clipped"]).any()  # the clip is exercised
     assert abs(ours.item() - expected.item()) < 1e-5
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prompt_forward_equals_the_plain_one(tiny, lora):
+    """Running each group's prompt once (keys/values shared by its completions) gives the same
+    log-probs, entropies and gradients as running every row in full."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from swift.trainers.grpo import _shared_prompt_logits, token_logps
+
+    model, _, _ = tiny
+    model = AutoModelForCausalLM.from_config(model.config)
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    groups, n, lp, lc = 4, 3, 9, 12
+    prompt = torch.randint(3, 2000, (groups, lp), generator=g).repeat_interleave(n, 0)
+    prompt_mask = torch.ones_like(prompt)
+    for i in range(groups):  # left padding of different widths
+        prompt[i * n:(i + 1) * n, :i] = 0
+        prompt_mask[i * n:(i + 1) * n, :i] = 0
+    completion = torch.randint(3, 2000, (groups * n, lc), generator=g)
+    completion_mask = torch.ones_like(completion)
+    for i in range(groups * n):  # right padding of different widths
+        completion[i, lc - i % 5:] = 0
+        completion_mask[i, lc - i % 5:] = 0
+    batch = {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
+             "completion_mask": completion_mask}
+
+    def run(group):
+        model.zero_grad()
+        logps, entropy = token_logps(model, batch, 0.9, True, group)
+        (logps * completion_mask).sum().backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        return logps.detach() * completion_mask, entropy * completion_mask, grads
+
+    plain, shared = run(1), run(n)
+    assert torch.allclose(plain[0], shared[0], atol=1e-5)
+    assert torch.allclose(plain[1], shared[1], atol=1e-5)
+    assert plain[2].keys() == shared[2].keys() and plain[2]
+    for k in plain[2]:
+        assert torch.allclose(plain[2][k], shared[2][k], atol=1e-5, rtol=1e-4), k
+    batch["prompt_ids"] = prompt.clone()
+    batch["prompt_ids"][1, -1] += 1  # a group whose prompts differ: the plain forward is used
+    assert _shared_prompt_logits(model, batch, n) is None
