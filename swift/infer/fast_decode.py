@@ -28,11 +28,6 @@ def _rms_norm(module):
     return lambda x: F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class FastDecoder:
     def __init__(self, model):
         self.model = model
@@ -118,20 +113,24 @@ class FastDecoder:
         t = self.length
         rows = tokens.size(0)
         x = self.embed(tokens[:, None])
-        cos, sin = self.rotary(x, positions[:, None])
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, 1, D]
-        bias = self.bias[..., :t + 1] if self.bias is not None else None
         d = self.head_dim
+        half = d // 2
+        cos, sin = self.rotary(x, positions[:, None])
+        # rotate_half(x) * sin == x.roll(half) * (sin with its first half negated), in fewer ops
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [B, 1, 1, D], broadcast over heads
+        bias = self.bias[..., :t + 1] if self.bias is not None else None
         for i, (norm1, q_proj, k_proj, v_proj, q_norm, k_norm, o_proj, norm2, mlp) in enumerate(self.layers):
             h = norm1(x)
             q = q_proj(h).view(rows, 1, -1, d)
             k = k_proj(h).view(rows, 1, -1, d)
             if q_norm is not None:
                 q, k = q_norm(q), k_norm(k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            heads = q.size(2)
+            qk = torch.cat([q, k], dim=2)  # queries and keys rotated together
+            qk = (qk * cos + qk.roll(half, dims=-1) * sin).transpose(1, 2)
+            q, k = qk[:, :heads], qk[:, heads:]
             v = v_proj(h).view(rows, 1, -1, d).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
             self.keys[i][:, :, t] = k[:, :, 0]
             self.values[i][:, :, t] = v[:, :, 0]
             out = F.scaled_dot_product_attention(q, self.keys[i][:, :, :t + 1], self.values[i][:, :, :t + 1],

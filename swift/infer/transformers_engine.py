@@ -298,13 +298,13 @@ class TransformersEngine(InferEngine):
                     fast.select(index)
                 mask, last_pos, next_tokens = mask[index], last_pos[index], next_tokens[index]
                 rows = [rows[i] for i in keep]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
             last_pos = last_pos + 1
             if fast is not None:
                 fast_logits = fast.step(next_tokens, last_pos).float()
                 if self._fast_verified:
                     logits, cache = fast_logits, None
                     continue
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
             # without left padding the causal cache needs no mask, which spares building one per token
             logits = self.model(input_ids=next_tokens[:, None], attention_mask=None if unpadded else mask,
                                 position_ids=last_pos[:, None], past_key_values=cache,
