@@ -20,7 +20,8 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: list[list[int]], penalt
 
 def warp(logits: torch.Tensor, cfg: RequestConfig) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) filtering."""
-    logits = logits / cfg.temperature
+    if cfg.temperature != 1.0:
+        logits = logits / cfg.temperature
     if cfg.top_k > 0 and cfg.top_k < logits.size(-1):
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -275,7 +275,10 @@ class TransformersEngine(InferEngine):
             if self._fast_verified:
                 cache = None  # the fast path holds the keys and values from here on
         while True:
-            scored = apply_repetition_penalty(logits, [r.job.prompt + r.tokens for r in rows], cfg.repetition_penalty)
+            scored = logits
+            if cfg.repetition_penalty != 1.0:
+                scored = apply_repetition_penalty(logits, [r.job.prompt + r.tokens for r in rows],
+                                                  cfg.repetition_penalty)
             next_tokens = sample(scored, cfg, [r.generator for r in rows])
             logprobs = None
             if cfg.logprobs:

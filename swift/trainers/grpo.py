@@ -60,11 +60,6 @@ class Rollout:
     per_func: list[list[float]]
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """H = logsumexp(l) − Σ softmax(l)·l, per position."""
-    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-
-
 def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool = True,
                 group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs and entropies ([B, Lc]) of the completion tokens under the sampling
@@ -82,12 +77,14 @@ def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool
     logits = logits.float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
-    token = -torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), completion.reshape(-1),
-                                               reduction="none").view_as(completion)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
+    if not with_entropy:
+        token = -torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), completion.reshape(-1),
+                                                   reduction="none").view_as(completion)
+        return token, None
+    logp = logits.log_softmax(-1)  # shared by the token log-probs and the entropy
+    token = logp.gather(-1, completion[..., None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
     return token, entropy
 
 
