@@ -21,16 +21,20 @@ _GROW = 256  # cache columns added at a time
 
 
 def _rms_norm(module):
-    """The module's RMSNorm as one fused op when it computes in float32 (same result, fewer ops);
-    otherwise the module itself (it upcasts half precision inputs)."""
+    """The module's RMSNorm as one fused op for float32 inputs (same result, fewer ops); otherwise
+    the module itself (it upcasts half precision inputs)."""
     if module.weight.dtype != torch.float32 or not hasattr(module, "variance_epsilon"):
         return module
-    return lambda x: F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+
+    def norm(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            return module(x)
+        return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+    return norm
 
 
 class FastDecoder:
     def __init__(self, model):
-        self.model = model
         inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
@@ -55,14 +59,15 @@ class FastDecoder:
         """A decoder for `model` (a causal LM, or a PEFT model around one), or None if not covered."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         config = base.config
-        if getattr(config, "model_type", None) not in SUPPORTED or getattr(config, "hidden_act", "silu") != "silu":
+        if getattr(config, "model_type", None) not in SUPPORTED:
             return None
         inner = getattr(base, "model", None)
         if inner is None or not hasattr(inner, "rotary_emb") or not isinstance(inner.embed_tokens, torch.nn.Embedding):
             return None
         for layer in inner.layers:
             attn = layer.self_attn
-            if getattr(attn, "sliding_window", None) or (config.model_type == "mistral" and config.sliding_window):
+            if getattr(attn, "sliding_window", None) or (config.model_type == "mistral"
+                                                         and getattr(config, "sliding_window", None)):
                 return None
         return cls(base)
 
