@@ -4,7 +4,8 @@ A worker thread owns the model. Requests queue up; whenever the worker is free i
 waiting request with a compatible config (up to `max_batch_size` sequences) and decodes them
 together, so a request that arrives while a batch runs joins the next one. Each prompt is
 prefilled once and its KV cache is repeated for its `n` samples. Finished or cancelled rows are
-dropped from the batch at once.
+dropped from the batch at once. Llama-family models decode with the lean step of
+`swift.infer.fast_decode` once its first steps have matched the model's own forward.
 """
 from __future__ import annotations
 
