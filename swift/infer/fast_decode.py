@@ -35,7 +35,7 @@ def _rms_norm(module):
 
 class FastDecoder:
     def __init__(self, model):
-        inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        inner = model.model  # `build` checked that it is a Llama-style decoder stack
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self.norm = _rms_norm(inner.norm)
@@ -85,10 +85,9 @@ class FastDecoder:
             vbuf[:, :, :length] = v
             self.keys.append(kbuf)
             self.values.append(vbuf)
-        dtype = self.keys[0].dtype
         self.bias = None
         if not bool(mask.all()):
-            self.bias = torch.zeros(rows, 1, 1, capacity, dtype=dtype, device=mask.device)
+            self.bias = torch.zeros(rows, 1, 1, capacity, dtype=self.keys[0].dtype, device=mask.device)
             self.bias[:, 0, 0, :length].masked_fill_(mask == 0, float("-inf"))
         self.length = length
 
