@@ -90,6 +90,7 @@ def run(command: str, argv: list[str]) -> None:
         raise SystemExit(0)
     try:
         _import(ROUTE_MAPPING[command][0])(argv)
+        _leave_process_group()
     except ArgumentError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -99,6 +100,20 @@ def run(command: str, argv: list[str]) -> None:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def _leave_process_group() -> None:
+    """End a distributed run together: every rank waits for the others, then tears its group down.
+
+    Left to interpreter exit, ranks tear their groups down in no set order while a peer's
+    communication threads may still run; CI once saw a rank abort (SIGABRT) after a run had
+    trained and saved successfully.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
