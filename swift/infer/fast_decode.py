@@ -64,11 +64,12 @@ class FastDecoder:
         inner = getattr(base, "model", None)
         if inner is None or not hasattr(inner, "rotary_emb") or not isinstance(inner.embed_tokens, torch.nn.Embedding):
             return None
-        for layer in inner.layers:
-            attn = layer.self_attn
-            if getattr(attn, "sliding_window", None) or (config.model_type == "mistral"
-                                                         and getattr(config, "sliding_window", None)):
-                return None
+        # Qwen2 configs carry a sliding_window that only applies with use_sliding_window; the
+        # layers' own attribute says whether a window is in force, and Mistral's config does
+        if config.model_type == "mistral" and getattr(config, "sliding_window", None):
+            return None
+        if any(getattr(layer.self_attn, "sliding_window", None) for layer in inner.layers):
+            return None
         return cls(base)
 
     # -- cache -------------------------------------------------------------------------------------
