@@ -1,5 +1,8 @@
 """Learning check: examples/quickstart.sh (pt then sft on built-in arithmetic) must teach the tiny
-model two-digit addition: exact match on the held-out split goes from ~0 to at least 60%."""
+model two-digit addition: exact match on the held-out split goes from ~0 to at least 85% (the median
+bar that benchmarks/learning_robustness.py checks over seeds and CPU kernel settings, asserted here on
+the default seed; CI runs this test a second time under `MKL_CBWR=AVX2 ATEN_CPU_CAPABILITY=avx2`,
+imitating an AVX2-only CPU)."""
 import json
 import os
 
@@ -25,4 +28,4 @@ def test_quickstart_learns_addition(quickstart):
         last = stdout.strip().splitlines()[-1]
         assert last.startswith("eval accuracy: ")
         assert float(last.split(": ")[1]) == pytest.approx(metrics["eval_acc"], abs=1e-3)
-    assert metrics["eval_acc"] >= 0.6
+    assert metrics["eval_acc"] >= 0.85

@@ -81,6 +81,9 @@ def test_builtin_split_is_deterministic_and_disjoint():
     prompts = {r["messages"][0]["content"] for r in train.rows}
     assert len(val) > 400 and not prompts & {r["messages"][0]["content"] for r in val.rows}
     assert len(train) + len(val) == 10000
+    # split by unordered pair: no eval sum has its swapped twin (b+a) in training
+    swapped = {"+".join(reversed(r["messages"][0]["content"].rstrip("=").split("+"))) + "=" for r in val.rows}
+    assert not prompts & swapped
 
 
 def test_split_dataset_ratio(tmp_path):

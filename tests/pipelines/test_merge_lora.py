@@ -33,3 +33,59 @@ def test_cli_rejects_a_non_adapter_dir(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 1
     assert "no adapter_config.json there" in out.stderr.strip().splitlines()[-1]
+
+
+def test_merge_keeps_the_checkpoint_dtype_of_the_base(tmp_path, tiny):
+    """A base saved in bfloat16 merges to bfloat16 safetensors unless --torch_dtype says otherwise
+    (`auto` elsewhere means float32 on a CPU; here it means the base checkpoint's dtype)."""
+    import copy
+    import json
+
+    from peft import LoraConfig, get_peft_model
+    from safetensors import safe_open
+
+    model, tokenizer, _ = tiny
+    base_dir, adapter_dir = tmp_path / "base-bf16", tmp_path / "lora"
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(base_dir)
+    tokenizer.save_pretrained(base_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    torch.manual_seed(0)  # init_lora_weights=False: B is random too, so the adapter changes the weights
+    peft_model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    peft_model.save_pretrained(adapter_dir)
+    assert json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base_dir)
+
+    def merged_dtypes(out, *flags):
+        proc = subprocess.run([sys.executable, "-m", "swift", "merge-lora", "--adapters", str(adapter_dir),
+                               "--output_dir", str(out), *flags], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        return {t.dtype for t in tensors.values()}, tensors, json.loads((out / "config.json").read_text())
+
+    dtypes, tensors, config = merged_dtypes(tmp_path / "merged")
+    assert dtypes == {torch.bfloat16} and config["dtype"] == "bfloat16"
+    with safe_open(str(base_dir / "model.safetensors"), "pt") as f:
+        name = "model.layers.0.self_attn.q_proj.weight"
+        assert not torch.equal(tensors[name], f.get_tensor(name))  # the adapter was merged in
+    # an explicit --torch_dtype still wins
+    assert merged_dtypes(tmp_path / "merged-fp32", "--torch_dtype", "float32")[0] == {torch.float32}
+
+
+def test_merged_reward_model_keeps_its_trained_value_head(tmp_path):
+    """An `rm` LoRA adapter carries its value head (`score`); the merge loads the base with that head,
+    so the merged model scores like base + adapter."""
+    from transformers import AutoModelForSequenceClassification
+
+    from swift.pipelines.rlhf import rlhf_main
+
+    adapter = tmp_path / "rm"
+    rlhf_main(["--rlhf_type", "rm", "--model", "builtin:tiny-chat", "--dataset", "builtin:arith-dpo#16",
+               "--output_dir", str(adapter), "--max_steps", "2", "--per_device_train_batch_size", "4",
+               "--learning_rate", "5e-2", "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true"])
+    merge_lora_main(["--adapters", str(adapter), "--output_dir", str(tmp_path / "merged")])
+    merged = AutoModelForSequenceClassification.from_pretrained(tmp_path / "merged").eval()
+    base, tokenizer, _ = load_model("builtin:tiny-chat", task_type="seq_cls")
+    reference = PeftModel.from_pretrained(base, adapter).eval()
+    ids = tokenizer(["12+34=46", "7+5=13"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        assert (merged(**ids).logits - reference(**ids).logits).abs().max() < 1e-4
