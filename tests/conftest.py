@@ -57,3 +57,8 @@ def quickstart(tmp_path_factory):
                           env={**os.environ, "OUT": str(out)}, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, str(out)
+
+
+# a reward that varies between completions (tests/plugins/text_length_reward.py)
+TEXT_LENGTH = ["--reward_funcs", "text_length", "--external_plugins",
+               os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins", "text_length_reward.py")]

@@ -37,6 +37,9 @@ class RlhfArguments:
     sft_alpha: float = field(default=0.0, metadata={"help": "gkd: weight of the NLL of the dataset answers."})
     max_completion_length: int = field(default=512, metadata={"help": "Most tokens the policy generates (gkd, grpo)."})
     temperature: float = field(default=0.9, metadata={"help": "Sampling temperature of on-policy generation (gkd, grpo)."})
+    disable_dropout: bool = field(default=True, metadata={
+        "help": "Turn off every dropout layer of the policy and reference (TRL's default), so that log-probs "
+                "computed twice (old and new, policy and reference) come from the same function."})
 
     def __post_init__(self) -> None:
         from swift.rlhf import ALGORITHMS
@@ -83,7 +86,13 @@ class RlhfArguments:
                 "swift.rollout.multi_turn.multi_turns)."})
     epsilon: float = field(default=0.2, metadata={"help": "grpo: clip range ε of the importance ratio."})
     epsilon_high: float | None = field(default=None, metadata={"help": "grpo: upper clip ε_high (default ε; DAPO 0.28)."})
-    num_iterations: int = field(default=1, metadata={"help": "grpo: policy updates per rollout batch."})
+    num_iterations: int = field(default=1, metadata={
+        "help": "grpo: optimizer passes over each generation batch; each pass is its own optimizer step(s)."})
+    steps_per_generation: int | None = field(default=None, metadata={
+        "help": "grpo: micro-batches per generation batch (default --gradient_accumulation_steps); a multiple of it."})
+    generation_batch_size: int | None = field(default=None, metadata={
+        "help": "grpo: completions per generation batch over all ranks (TRL's name; instead of "
+                "--steps_per_generation): per_device_train_batch_size × world size × steps_per_generation."})
     advantage_estimator: str = field(default="grpo", metadata={
         "help": "grpo: grpo, rloo, reinforce_plus_plus, reinforce_baseline, dr_grpo."})
     scale_rewards: str | None = field(default=None, metadata={
@@ -160,6 +169,14 @@ class RlhfArguments:
                              f"{self.advantage_estimator} (advantages compare completions of one prompt)")
         if self.num_iterations < 1:
             raise SwiftError(f"--num_iterations must be >= 1, got {self.num_iterations}")
+        if self.steps_per_generation is not None and self.generation_batch_size is not None:
+            raise SwiftError("give --steps_per_generation or --generation_batch_size, not both")
+        if len(self.loss_type) != 1:
+            raise SwiftError(f"--loss_type takes one aggregation for grpo (grpo, bnpo, dr_grpo or dapo), got "
+                             f"{' '.join(self.loss_type)}")
+        if self.precompute_ref_log_probs:
+            raise SwiftError("--precompute_ref_log_probs does not apply to --rlhf_type grpo: its completions are "
+                             "sampled during training, and the reference scores each rollout as it comes (--beta > 0)")
         if not 0 < self.top_entropy_quantile <= 1:
             raise SwiftError(f"--top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}")
         if self.beta < 0:

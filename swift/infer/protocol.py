@@ -84,6 +84,14 @@ class Choice:
     token_ids: list[int]
     finish_reason: str  # "stop" | "length"
     logprobs: list[TokenLogprob] | None = None
+    # the end-of-sequence token the model sampled to stop (one of the generation config's EOS ids),
+    # which `token_ids` and `text` leave out; None when it stopped on a stop string or the length limit
+    stop_token_id: int | None = None
+
+    def sampled_token_ids(self) -> list[int]:
+        """Every token the model sampled, the one that ended generation included (what a trainer
+        that learns from this answer must train on)."""
+        return list(self.token_ids) + ([self.stop_token_id] if self.stop_token_id is not None else [])
 
 
 @dataclass
@@ -156,14 +164,24 @@ class InferEngine(abc.ABC):
         tensors as the engine holds them afterwards, in the given order."""
         raise SwiftError(f"{type(self).__name__} cannot take weights from a trainer")
 
-    def infer(self, requests: list[InferRequest], config: RequestConfig | None = None) -> list[InferResponse]:
-        """Generate for many requests at once (they share decoding batches)."""
-        config = config or RequestConfig()
+    def infer(self, requests: list[InferRequest],
+              config: RequestConfig | list[RequestConfig] | None = None) -> list[InferResponse]:
+        """Generate for many requests at once (they share decoding batches); `config` is one for all
+        or one per request (e.g. each with its own `max_tokens`)."""
+        configs = per_request(config, len(requests))
 
         async def run() -> list[InferResponse]:
-            return list(await asyncio.gather(*(self.infer_async(r, config) for r in requests)))
+            return list(await asyncio.gather(*(self.infer_async(r, c) for r, c in zip(requests, configs))))
 
         return asyncio.run(run())
+
+
+def per_request(config: RequestConfig | list[RequestConfig] | None, n: int) -> list[RequestConfig]:
+    if isinstance(config, list):
+        if len(config) != n:
+            raise SwiftError(f"{len(config)} request configs for {n} requests")
+        return config
+    return [config or RequestConfig()] * n
 
 
 async def drain(queue: "asyncio.Queue[StreamDelta | BaseException]", n: int) -> AsyncIterator[StreamDelta]:

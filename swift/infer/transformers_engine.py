@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from swift.infer.fast_decode import FastDecoder
 from swift.infer.protocol import (Choice, InferEngine, InferRequest, InferResponse, RequestConfig, StreamDelta,
-                                  TokenLogprob, drain)
+                                  TokenLogprob, drain, per_request)
 from swift.infer.sampling import apply_repetition_penalty, sample
 from swift.template.base import Template
 from swift.utils.checksum import checksum
@@ -54,6 +54,7 @@ class _Row:
     sent: int = 0  # characters already streamed
     finish: str | None = None
     text: str = ""
+    stop_token_id: int | None = None  # the EOS id that ended the row
 
 
 class TransformersEngine(InferEngine):
@@ -136,12 +137,13 @@ class TransformersEngine(InferEngine):
             self._wake.notify()
         return job
 
-    def infer(self, requests: list[InferRequest], config: RequestConfig | None = None) -> list[InferResponse]:
+    def infer(self, requests: list[InferRequest],
+              config: RequestConfig | list[RequestConfig] | None = None) -> list[InferResponse]:
         """Queue every request at once, so that a batch of rollouts starts decoding together."""
-        config = config or RequestConfig()
+        configs = per_request(config, len(requests))
         prompts = [self.encode(r) for r in requests]
-        for prompt in prompts:
-            self.check(prompt, config)
+        for prompt, c in zip(prompts, configs):
+            self.check(prompt, c)
         results: list = [None] * len(requests)
         left = [len(requests)]
         done = threading.Event()
@@ -156,8 +158,8 @@ class TransformersEngine(InferEngine):
             return deliver
 
         with self._wake:
-            for i, (request, prompt) in enumerate(zip(requests, prompts)):
-                self._pending.append(_Job(prompt, config, request.adapter, deliver_to(i)))
+            for i, (request, prompt, c) in enumerate(zip(requests, prompts, configs)):
+                self._pending.append(_Job(prompt, c, request.adapter, deliver_to(i)))
             self._wake.notify()
         if requests:
             done.wait()
@@ -242,11 +244,18 @@ class TransformersEngine(InferEngine):
             if self._active_adapter == (name,):
                 return  # switching toggles requires_grad inside PEFT; never touch a training policy needlessly
             self._active_adapter = (name,)
-            if name is None:
-                self.model.base_model.disable_adapter_layers()
-            else:
-                self.model.base_model.enable_adapter_layers()
-                self.model.set_adapter(name)
+            # PEFT's switches also set requires_grad on the adapters; a training policy's trainable
+            # set belongs to its trainer, so it is put back exactly as it was
+            trainable = {p: p.requires_grad for p in self.model.parameters()}
+            try:
+                if name is None:
+                    self.model.base_model.disable_adapter_layers()
+                else:
+                    self.model.base_model.enable_adapter_layers()
+                    self.model.set_adapter(name)
+            finally:
+                for p, flag in trainable.items():
+                    p.requires_grad_(flag)
         elif name is not None:
             raise SwiftError(f"adapter '{name}' requested but the engine has no adapters")
 
@@ -268,11 +277,11 @@ class TransformersEngine(InferEngine):
         for j in jobs:
             j.rows = [_Row(j, k, _generator(j.config.seed, k, device)) for k in range(j.config.n)]
         rows = [r for j in jobs for r in j.rows]
-        stop_len = max((len(s) for s in cfg.stop), default=0)
+        stop_len = max((len(s) for j in jobs for s in j.config.stop), default=0)
         unpadded = bool(mask.all())
         fast, checks = self._fast, []  # until verified, both paths run and the model's own logits are used
         if fast is not None:
-            fast.start(cache, mask, cfg.max_tokens)
+            fast.start(cache, mask, max(j.config.max_tokens for j in jobs))
             if self._fast_verified:
                 cache = None  # the fast path holds the keys and values from here on
         while True:
@@ -330,7 +339,7 @@ class TransformersEngine(InferEngine):
         cfg = row.job.config
         live_text = bool(cfg.stop) or row.job.on_delta is not None  # else the text is decoded once, at the end
         if token in self.eos_ids:
-            row.finish = "stop"
+            row.finish, row.stop_token_id = "stop", token
         else:
             row.tokens.append(token)
             if logprobs is not None:
@@ -365,8 +374,8 @@ class TransformersEngine(InferEngine):
         if job.delivered or job.cancelled or any(r.finish is None for r in job.rows):
             return
         job.delivered = True
-        choices = [Choice(r.index, r.text, r.tokens, r.finish, r.logprobs if job.config.logprobs else None)
-                   for r in job.rows]
+        choices = [Choice(r.index, r.text, r.tokens, r.finish, r.logprobs if job.config.logprobs else None,
+                          r.stop_token_id) for r in job.rows]
         job.deliver(InferResponse(choices, len(job.prompt), sum(len(r.tokens) for r in job.rows)))
 
 

@@ -29,6 +29,19 @@ def _import_vllm():
     return AsyncEngineArgs, AsyncLLMEngine, SamplingParams, TokensPrompt, LoRARequest
 
 
+def eos_token_ids(tokenizer, model_dir: str) -> set[int]:
+    """The tokenizer's EOS id and every EOS id of the model's generation config (Llama-3, Qwen list several)."""
+    from transformers import GenerationConfig
+
+    ids = {tokenizer.eos_token_id}
+    try:
+        extra = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:  # no generation_config.json
+        extra = None
+    ids |= set(extra if isinstance(extra, list) else [extra])
+    return {i for i in ids if i is not None}
+
+
 class VllmEngine(InferEngine):
     def __init__(self, model_dir: str, tokenizer, template, *, adapters: dict[str, str] | None = None,
                  dtype: str = "auto", max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
@@ -58,6 +71,7 @@ class VllmEngine(InferEngine):
         self.engine = asyncio.run_coroutine_threadsafe(create(), self._loop).result()
         self.max_model_len = self.engine.model_config.max_model_len
         self._ids = itertools.count()
+        self.eos_ids = eos_token_ids(tokenizer, model_dir)
 
     def _run(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
@@ -133,9 +147,18 @@ class VllmEngine(InferEngine):
         latest = {}  # with n > 1 vLLM may report the samples in different RequestOutputs
         async for out in stream:
             latest.update({o.index: o for o in out.outputs})
-        choices = [Choice(o.index, o.text, list(o.token_ids), "length" if o.finish_reason == "length" else "stop",
-                          self._logprobs(o, config)) for _, o in sorted(latest.items())]
+        choices = [self._choice(o, config) for _, o in sorted(latest.items())]
         return InferResponse(choices, len(prompt), sum(len(c.token_ids) for c in choices))
+
+    def _choice(self, o, config: RequestConfig) -> Choice:
+        """vLLM keeps the EOS token that ended a sequence in its token ids; the protocol reports it
+        as `stop_token_id` (token ids and log-probs then hold the answer's own tokens only)."""
+        ids, logprobs = list(o.token_ids), self._logprobs(o, config)
+        stop_token = None
+        if o.finish_reason == "stop" and not isinstance(o.stop_reason, str) and ids and ids[-1] in self.eos_ids:
+            stop_token = ids.pop()
+            logprobs = logprobs[:len(ids)] if logprobs is not None else None
+        return Choice(o.index, o.text, ids, "length" if o.finish_reason == "length" else "stop", logprobs, stop_token)
 
     async def infer_async(self, request: InferRequest, config: RequestConfig) -> InferResponse:
         future = asyncio.run_coroutine_threadsafe(self._final(request, config), self._loop)
@@ -183,27 +206,41 @@ class VllmEngine(InferEngine):
 
 
 def hf_state_dict(model) -> list[tuple]:
-    """The model's weights under Hugging Face names, with any LoRA adapters merged in (the training
-    model is left unmerged)."""
+    """The model's weights under Hugging Face names, with any active LoRA adapters merged in. The
+    merged tensors are new ones (base + ΔW, as PEFT's merge computes them): the training model's
+    base weights are never written, so repeated syncs cannot make them drift by rounding."""
     import torch
 
     peft = hasattr(model, "peft_config")
-    if peft:
-        model.merge_adapter()
-    try:
-        out = []
+    deltas = _lora_deltas(model) if peft else {}
+    out = []
+    with torch.no_grad():
         for name, tensor in model.state_dict().items():
             if peft:
                 if "lora_" in name or "original_module" in name:
                     continue
+                if name in deltas:
+                    tensor = (tensor + deltas[name]).to(tensor.dtype)  # as PEFT's in-place `+=` rounds
                 name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
                 name = name.replace(".modules_to_save.default.", ".")
             out.append((name, tensor.detach().to("cpu", copy=True).contiguous()))
-        return out
-    finally:
-        if peft:
-            with torch.no_grad():
-                model.unmerge_adapter()
+    return out
+
+
+def _lora_deltas(model) -> dict:
+    """ΔW of every LoRA layer whose adapters are on and not merged, by its base weight's state-dict name."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not isinstance(module, LoraLayer) or module.merged or module.disable_adapters:
+                continue
+            active = [a for a in module.active_adapters if a in module.lora_A or a in module.lora_embedding_A]
+            if active:
+                deltas[f"{name}.base_layer.weight"] = sum(module.get_delta_weight(a) for a in active)
+    return deltas
 
 
 def colocated_vllm_engine(model, template, *, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None,

@@ -63,7 +63,8 @@ def encode_unpaired(template: Template, row: dict, a=None) -> dict:
 def add_mismatched(samples: list[dict], batch_size: int) -> list[dict]:
     """KTO's KL baseline: pair each prompt with the previous row's completion within blocks of
     `batch_size` rows (x_1, y_n), (x_2, y_1), ..., fixed at encoding time so precomputed reference
-    log-probs stay valid."""
+    log-probs stay valid. The block is the global micro-batch (all ranks), so the pairs do not
+    depend on how many ranks share it."""
     for start in range(0, len(samples), batch_size):
         block = samples[start:start + batch_size]
         for i, s in enumerate(block):
@@ -174,7 +175,8 @@ class RLHFPipeline(TrainPipeline):
             except RowError as e:
                 rowset.reject(origin, e, self.args.strict)
         if self.algorithm.data == "unpaired":
-            samples = add_mismatched(samples, self.args.per_device_train_batch_size)
+            samples = add_mismatched(samples, self.args.per_device_train_batch_size *
+                                     self.args.training_args.world_size)
         return samples
 
     def collator(self, tokenizer, model):

@@ -97,7 +97,8 @@ class TrainPipeline:
         return {}
 
     # -- run -------------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def build_trainer(self):
+        """The model, data and trainer of this run, ready to train (kept as `self.trainer`)."""
         a = self.args
         set_seed(a.seed)
         model, tokenizer, template, info = self.load()
@@ -120,12 +121,19 @@ class TrainPipeline:
         trainer.generation_rows = val_rows
         if a.generation_max_length:
             trainer.generation_max_new_tokens = a.generation_max_length
+        return trainer
+
+    def run(self) -> dict[str, Any]:
+        a = self.args
+        trainer = self.build_trainer()
+        out = a.output_dir
         resume = a.resume_from_checkpoint
         if resume == "last":
             resume = get_last_checkpoint(out)
         train_result = trainer.train(resume_from_checkpoint=resume)
         metrics = dict(train_result.metrics)
-        if (val is not None or (a.predict_with_generate and val_rows)) and not _evaluated_at(trainer):
+        if (trainer.eval_dataset is not None or (a.predict_with_generate and trainer.generation_rows)) \
+                and not _evaluated_at(trainer):
             metrics.update(trainer.evaluate())
         else:
             metrics.update(_last_eval(trainer))

@@ -1,6 +1,8 @@
 """GRPO family: advantage estimators, the clipped policy loss and its aggregations, KL estimators.
 
 Rewards arrive as a flat tensor of P prompts × G generations (prompt-major) and are viewed [P, G].
+A NaN reward (every reward function returned None for the row) is left out of the means and stds
+and gets a NaN advantage; the trainer leaves such rows out of the loss.
 
 Advantages (`--advantage_estimator`, then `--scale_rewards group|batch|none` divides by the
 group's or the batch's reward std + 1e-4):
@@ -15,7 +17,8 @@ the sequence's geometric-mean ratio (`--importance_sampling_level sequence`, GSP
 with KL_t = k3 = e^(ref − logp) − (ref − logp) − 1 (k1 = logp − ref, k2 = ½ (logp − ref)²).
 Aggregation (`--loss_type`): grpo = mean over each sequence's tokens then over sequences; bnpo =
 mean over the batch's tokens; dr_grpo = sum / (sequences × max_completion_length); dapo = sum /
-tokens in the global batch (arXiv 2503.14476).
+tokens in the global batch, i.e. all micro-batches and ranks of the optimizer step (arXiv 2503.14476;
+the trainer passes that count as `num_items_in_batch`).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import Callable
 import torch
 
 from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.utils.dist import gather_cat
 from swift.utils.registry import Registry
 
 EPS = 1e-4
@@ -31,25 +35,35 @@ ADVANTAGE_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registr
 DEFAULT_SCALE = {"grpo": "group"}  # the others are unscaled unless --scale_rewards says so
 
 
+def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sample standard deviation (Bessel-corrected, as torch.std) of the values that are not NaN;
+    0 where fewer than two are."""
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    count = (~x.isnan()).sum(dim=dim, keepdim=True)
+    squares = ((x - x.nanmean(dim=dim, keepdim=True)) ** 2).nansum(dim=dim, keepdim=True)
+    return (squares / (count - 1).clamp(min=1)).sqrt()
+
+
 @ADVANTAGE_ESTIMATORS.register("grpo")
 @ADVANTAGE_ESTIMATORS.register("dr_grpo")
 @ADVANTAGE_ESTIMATORS.register("reinforce_baseline")
 def group_baseline(rewards: torch.Tensor) -> torch.Tensor:
     """r − mean over the group; rewards [P, G]."""
-    return rewards - rewards.mean(dim=1, keepdim=True)
+    return rewards - rewards.nanmean(dim=1, keepdim=True)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
 def leave_one_out(rewards: torch.Tensor) -> torch.Tensor:
-    """r − mean of the other G − 1 rewards of the group."""
-    g = rewards.size(1)
-    return rewards - (rewards.sum(dim=1, keepdim=True) - rewards) / max(g - 1, 1)
+    """r − mean of the other (scored) rewards of the group."""
+    count = (~rewards.isnan()).sum(dim=1, keepdim=True)
+    return rewards - (rewards.nansum(dim=1, keepdim=True) - rewards) / (count - 1).clamp(min=1)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
 def batch_whitened(rewards: torch.Tensor) -> torch.Tensor:
     """(r − batch mean) / (batch std + 1e-4)."""
-    return (rewards - rewards.mean()) / (rewards.std() + EPS) if rewards.numel() > 1 else rewards - rewards.mean()
+    return (rewards - rewards.nanmean()) / (nanstd(rewards) + EPS)
 
 
 def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: str = "grpo",
@@ -59,9 +73,9 @@ def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: s
     advantages = ADVANTAGE_ESTIMATORS.get(estimator)(grouped)
     scale = scale_rewards or DEFAULT_SCALE.get(estimator, "none")
     if scale == "group":
-        advantages = advantages / (grouped.std(dim=1, keepdim=True) + EPS) if num_generations > 1 else advantages
+        advantages = advantages / (nanstd(grouped, dim=1) + EPS) if num_generations > 1 else advantages
     elif scale == "batch":
-        advantages = advantages / (rewards.std() + EPS) if rewards.numel() > 1 else advantages
+        advantages = advantages / (nanstd(rewards) + EPS) if rewards.numel() > 1 else advantages
     elif scale != "none":
         raise ValueError(f"scale_rewards must be group, batch or none, got {scale!r}")
     return advantages.reshape(-1)
@@ -78,8 +92,9 @@ def kl_estimate(logps: torch.Tensor, ref_logps: torch.Tensor, kind: str = "k3") 
 
 
 def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile: float) -> torch.Tensor:
-    """Keep the `top_quantile` highest-entropy completion tokens (arXiv 2506.01939)."""
-    values = entropies[mask.bool()].float()
+    """Keep the `top_quantile` highest-entropy completion tokens (arXiv 2506.01939); the threshold
+    is the quantile over every rank's tokens."""
+    values = gather_cat(entropies[mask.bool()].float())
     if values.numel() == 0:
         return torch.zeros_like(mask, dtype=torch.bool)
     threshold = torch.quantile(values, 1 - top_quantile)

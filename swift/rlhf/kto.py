@@ -11,10 +11,12 @@ import torch
 
 from swift.rlhf.base import ALGORITHMS, Algorithm
 from swift.rlhf.logps import SequenceLogps
+from swift.utils.dist import global_mean
 
 
 def kl_baseline(mismatched_logratios: torch.Tensor) -> torch.Tensor:
-    return mismatched_logratios.mean().detach().clamp(min=0)
+    """z over the global batch: every rank's mismatched pairs (as TRL gathers them)."""
+    return global_mean(mismatched_logratios.detach()).clamp(min=0)
 
 
 def kto_losses(logratios: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor, *, beta: float,

@@ -12,14 +12,18 @@ from swift.rlhf.base import ALGORITHMS, Algorithm
 from swift.rlhf.logps import IGNORE_INDEX
 
 
-def step_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """`logits` [B, T, 2], `labels` [B, T] with 0/1 at step ends, −100 elsewhere."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+def step_loss(logits: torch.Tensor, labels: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """`logits` [B, T, 2], `labels` [B, T] with 0/1 at step ends, −100 elsewhere; the mean over
+    `tokens` step ends (the optimizer step's, per micro-batch and rank), by default this batch's."""
+    total = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1),
+                            ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (tokens if tokens is not None else (labels != IGNORE_INDEX).sum()).clamp(min=1)
 
 
 def batch_loss(logits: torch.Tensor, batch: dict, a) -> tuple[torch.Tensor, dict]:
     labels = batch["labels"]
-    loss = step_loss(logits, labels)
+    counts = batch.get("token_counts")
+    loss = step_loss(logits, labels, counts[2] if counts is not None else None)
     steps = labels != IGNORE_INDEX
     predicted = logits.detach().argmax(-1)
     return loss, {"step_accuracy": (predicted[steps] == labels[steps]).float().mean().item()}

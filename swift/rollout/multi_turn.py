@@ -11,11 +11,14 @@
 After each generated turn the rollout appends the answer to `infer_request.messages`, asks
 `check_finished`, and otherwise calls `step`, which returns `{"infer_request": ...}` with the
 messages for the next turn (e.g. a tool or environment reply, or an edited assistant message).
-Tokens the model generated carry loss; tokens the environment added carry none.
+Tokens the model generated carry loss; tokens the environment added carry none. A scheduler that
+keeps state per trajectory keys it by `infer_request.uid` and forgets it in `release`, which the
+rollout calls once per trajectory however it ended (finished, out of budget, or an error).
 """
 from __future__ import annotations
 
 import inspect
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +33,7 @@ class RolloutInferRequest:
     messages: list[dict]
     data_dict: dict[str, Any] = field(default_factory=dict)
     rollout_infos: dict[str, Any] = field(default_factory=dict)  # passed to reward functions by name
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)  # this trajectory's identity
 
 
 class MultiTurnScheduler:
@@ -44,6 +48,9 @@ class MultiTurnScheduler:
 
     def step(self, infer_request: RolloutInferRequest, response_choice, current_turn: int) -> dict:
         return {"infer_request": infer_request}
+
+    def release(self, infer_request: RolloutInferRequest) -> None:
+        """Forget what was kept for this trajectory (called once, when its rollout ends)."""
 
 
 multi_turns: Registry[type] = Registry("multi-turn scheduler")
@@ -120,7 +127,7 @@ class GymScheduler(MultiTurnScheduler):
         self._envs: dict[int, tuple[Env, list]] = {}
 
     def _env(self, request):
-        key = id(request)
+        key = request.uid
         if key not in self._envs:
             name = request.data_dict.get("env") or self.default_env
             if not name:
@@ -136,10 +143,10 @@ class GymScheduler(MultiTurnScheduler):
         observation, reward, done, _info = env.step(infer_request.messages[-1]["content"])
         infer_request.rollout_infos["gym_reward"] += reward
         infer_request.rollout_infos["_observation"] = observation
-        finished = done or super().check_finished(infer_request, response_choice, current_turn)
-        if finished:
-            self._envs.pop(id(infer_request), None)
-        return finished
+        return done or super().check_finished(infer_request, response_choice, current_turn)
+
+    def release(self, infer_request):
+        self._envs.pop(infer_request.uid, None)
 
     def step(self, infer_request, response_choice, current_turn):
         observation = infer_request.rollout_infos.pop("_observation", "")
@@ -164,7 +171,7 @@ class AgentInstanceScheduler(MultiTurnScheduler):
         return asyncio.run(value) if inspect.isawaitable(value) else value
 
     def check_finished(self, infer_request, response_choice, current_turn):
-        key = id(infer_request)
+        key = infer_request.uid
         label = infer_request.data_dict.get("solution", infer_request.data_dict.get("label"))
         if key not in self._agents:
             agent = self.agent_cls()
@@ -176,10 +183,10 @@ class AgentInstanceScheduler(MultiTurnScheduler):
         reward = result.get("rewards", 0.0)
         infer_request.rollout_infos["agent_reward"] = float(reward.item() if hasattr(reward, "item") else reward)
         infer_request.rollout_infos["_feedback"] = result.get("environment_feedback", "")
-        finished = bool(result.get("done")) or super().check_finished(infer_request, response_choice, current_turn)
-        if finished:
-            self._agents.pop(key, None)
-        return finished
+        return bool(result.get("done")) or super().check_finished(infer_request, response_choice, current_turn)
+
+    def release(self, infer_request):
+        self._agents.pop(infer_request.uid, None)
 
     def step(self, infer_request, response_choice, current_turn):
         infer_request.messages.append({"role": "user", "content": infer_request.rollout_infos.pop("_feedback", "")})

@@ -3,6 +3,7 @@ single-turn rollouts (the engine shares the prompt's prefill), or turn-by-turn w
 from __future__ import annotations
 
 import copy
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,36 +28,46 @@ class Trajectory:
     logprobs: list[float] | None = None
 
 
-def _logprobs(choice, eos: int | None) -> list[float]:
+def _logprobs(choice) -> list[float]:
+    """The sampler's log-prob of each sampled token (NaN for the end token, whose is not reported)."""
     values = [lp.logprob for lp in choice.logprobs or []]
-    values += [float("nan")] * (len(_with_end(choice, eos)) - len(values))
+    values += [float("nan")] * (len(choice.sampled_token_ids()) - len(values))
     return values
 
 
-def _with_end(choice, eos: int | None) -> list[int]:
-    return list(choice.token_ids) + ([eos] if choice.finish_reason == "stop" and eos is not None else [])
-
-
 def single_turn(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
-                n: int, eos: int | None) -> list[Trajectory]:
+                n: int) -> list[Trajectory]:
     prompts = [template.encode_continuation(r.messages) for r in requests]
     responses = engine.infer([InferRequest(input_ids=p) for p in prompts], replace(config, n=n))
     out = []
     for request, prompt, response in zip(requests, prompts, responses):
         for choice in response.choices:
-            completion = _with_end(choice, eos)
+            completion = choice.sampled_token_ids()
             out.append(Trajectory(prompt, completion, [1] * len(completion), choice.text,
                                   choice.finish_reason == "length",
                                   [*request.messages, {"role": "assistant", "content": choice.text}],
                                   dict(request.rollout_infos),
-                                  logprobs=_logprobs(choice, eos) if config.logprobs else None))
+                                  logprobs=_logprobs(choice) if config.logprobs else None))
     return out
 
 
 def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
-               n: int, eos: int | None, scheduler: MultiTurnScheduler, max_completion_length: int) -> list[Trajectory]:
-    """Every trajectory advances one turn per engine call (all active ones batched together)."""
+               n: int, scheduler: MultiTurnScheduler, max_completion_length: int) -> list[Trajectory]:
+    """Every trajectory advances one turn per engine call (all active ones batched together), each
+    within its own remaining token budget. The scheduler's state for a trajectory is released when
+    the rollout ends, however the trajectory ended."""
     states = [copy.deepcopy(r) for r in requests for _ in range(n)]
+    for state in states:
+        state.uid = uuid.uuid4().hex  # n copies of one request are n trajectories
+    try:
+        return _multi_turn(engine, template, states, config, scheduler, max_completion_length)
+    finally:
+        for state in states:
+            scheduler.release(state)
+
+
+def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInferRequest], config: RequestConfig,
+                scheduler: MultiTurnScheduler, max_completion_length: int) -> list[Trajectory]:
     ids = [template.encode_continuation(s.messages) for s in states]
     prompt_len = [len(x) for x in ids]
     masks: list[list[int]] = [[] for _ in states]
@@ -71,17 +82,18 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
         active = [i for i in active if budget[i] > 0]
         if not active:
             break
+        # each trajectory's turn is limited by its own remaining budget, and draws from its own seed
         responses = engine.infer(
             [InferRequest(input_ids=ids[i]) for i in active],
-            replace(config, n=1, max_tokens=min(config.max_tokens, min(budget[i] for i in active)),
-                    seed=None if seed is None else seed + sum(turns)))
+            [replace(config, n=1, max_tokens=min(config.max_tokens, budget[i]),
+                     seed=None if seed is None else (seed + i * 7919 + turns[i] * 104729) % 2 ** 31) for i in active])
         still = []
         for i, response in zip(active, responses):
             choice = response.choices[0]
-            generated = _with_end(choice, eos)
+            generated = choice.sampled_token_ids()
             ids[i] = ids[i] + generated
             masks[i] += [1] * len(generated)
-            lps[i] += _logprobs(choice, eos) if config.logprobs else []
+            lps[i] += _logprobs(choice) if config.logprobs else []
             turns[i] += 1
             state = states[i]
             if state.messages[-1]["role"] == "assistant":  # the model continued an (edited) answer
@@ -92,6 +104,8 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
             if scheduler.check_finished(state, choice, turns[i]):
                 continue
             state = scheduler.step(state, choice, turns[i])["infer_request"]
+            if state is not states[i]:  # a scheduler that hands back a new request keeps the trajectory's identity
+                state.uid = states[i].uid
             states[i] = state
             following = template.encode_continuation(state.messages)
             keep = _common_prefix(ids[i], following)
@@ -119,12 +133,11 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def rollout(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
-            n: int, *, eos: int | None, scheduler: MultiTurnScheduler | None = None,
-            max_completion_length: int = 512) -> list[Trajectory]:
+            n: int, *, scheduler: MultiTurnScheduler | None = None, max_completion_length: int = 512) -> list[Trajectory]:
     """n trajectories per request, request-major. An engine that runs whole rollouts itself (a
     `swift rollout` server, whose scheduler runs server-side) is handed the requests as they are."""
     if hasattr(engine, "rollout"):
         return engine.rollout(requests, config, n, max_completion_length=max_completion_length)
     if scheduler is None:
-        return single_turn(engine, template, requests, config, n, eos)
-    return multi_turn(engine, template, requests, config, n, eos, scheduler, max_completion_length)
+        return single_turn(engine, template, requests, config, n)
+    return multi_turn(engine, template, requests, config, n, scheduler, max_completion_length)

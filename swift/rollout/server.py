@@ -79,7 +79,7 @@ class _Worker:
     def infer(self, requests: list[dict], config: dict, n: int, max_completion_length: int | None) -> list[dict]:
         cfg = RequestConfig(**config)
         trajectories = rollout(self.engine, self.engine.template, [RolloutInferRequest(**r) for r in requests], cfg, n,
-                               eos=self.engine.tokenizer.eos_token_id, scheduler=self.scheduler,
+                               scheduler=self.scheduler,
                                max_completion_length=max_completion_length or cfg.max_tokens)
         out = []
         for t in trajectories:

@@ -1,16 +1,19 @@
 """The online (GRPO-family) trainer: sample → score → advantages → `num_iterations` clipped
 policy updates → push weights to the engine, on the HF Trainer loop.
 
-Each dataloader batch holds `per_device_train_batch_size / num_generations` prompts; the sampler
-repeats every batch `num_iterations` times so the same rollout is trained on that many times
-against its old log-probs."""
+Each dataloader batch holds `per_device_train_batch_size / num_generations` prompts (one
+micro-batch of completions). A generation batch is `steps_per_generation` micro-batches (by
+default the gradient-accumulation steps, so one optimizer step): their prompts are sampled and
+scored together, and the batch is trained on `num_iterations` times, each pass its own optimizer
+step(s) against the log-probs the completions had when they were sampled. The sampler repeats
+each block of `steps_per_generation` batches `num_iterations` times, so that the HF loop counts
+those passes as steps."""
 from __future__ import annotations
 
 import concurrent.futures
 import json
 import os
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -18,46 +21,43 @@ from torch.utils.data import Sampler
 from transformers import DynamicCache
 
 from swift.infer.protocol import RequestConfig
-from swift.rlhf.grpo import compute_advantages, high_entropy_mask
+from swift.rlhf.grpo import compute_advantages, high_entropy_mask, nanstd
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
 from swift.trainers.rlhf import RLHFTrainer
 from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 
 
 class RepeatBatchSampler(Sampler):
-    """Shuffled batches of `batch_size` indices per rank, each repeated `repeats` times in a row on
-    that rank (accelerate deals whole batches to ranks round-robin, so the repeats are interleaved)."""
+    """Shuffled batches of `batch_size` indices per rank, in blocks of `block` batches per rank; each
+    block is yielded `repeats` times in a row (accelerate deals whole batches to ranks round-robin,
+    so each step's batches for all ranks are interleaved)."""
 
-    def __init__(self, n: int, batch_size: int, repeats: int, world: int, seed: int):
+    def __init__(self, n: int, batch_size: int, repeats: int, world: int, seed: int, block: int = 1):
         self.n, self.batch_size, self.repeats, self.world, self.seed = n, batch_size, repeats, world, seed
+        self.block = block
         self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The HF loop names the epoch (a resumed run starts at its checkpoint's)."""
+        self.epoch = epoch
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         self.epoch += 1
         order = torch.randperm(self.n, generator=g).tolist()
-        block = self.batch_size * self.world
-        for start in range(0, self.n - block + 1, block):
-            batches = [order[start + r * self.batch_size:start + (r + 1) * self.batch_size] for r in range(self.world)]
+        size = self.batch_size * self.world * self.block
+        for start in range(0, self.n - size + 1, size):
+            chunk = order[start:start + size]  # step s, rank r: chunk[(s·world + r)·batch_size:][:batch_size]
             for _ in range(self.repeats):
-                for batch in batches:
-                    yield from batch
+                yield from chunk
 
     def __len__(self) -> int:
-        return (self.n // (self.batch_size * self.world)) * self.batch_size * self.world * self.repeats
-
-
-@dataclass
-class Rollout:
-    """A scored batch of trajectories as tensors: left-padded prompts, right-padded completions."""
-
-    batch: dict[str, torch.Tensor]
-    trajectories: list[Trajectory]
-    rewards: torch.Tensor
-    per_func: list[list[float]]
+        size = self.batch_size * self.world * self.block
+        return (self.n // size) * size * self.repeats
 
 
 def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool = True,
@@ -132,23 +132,44 @@ class GRPOTrainer(RLHFTrainer):
         self._remote = hasattr(self.engine, "rollout")  # a rollout server: generation leaves this process
         self._synced_step: int | None = None
         self.num_generations = a.num_generations
-        # --async_generate: the batches fetched ahead (by the order training_step will see them) and the
-        # generation running for the next rollout
+        self.steps_per_generation = self._steps_per_generation()
+        # micro-batches from one generation to the next: every pass over the generation batch
+        self.cycle = self.steps_per_generation * a.num_iterations
+        # the batches fetched ahead, by sequence number (the order training_step sees them), so that a
+        # generation batch's prompts are known at its first micro-batch (and, with --async_generate,
+        # the next one's, generated while this one trains)
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "swift-async-rollout") if a.async_generate else None
         self._ahead: deque = deque()
         self._ahead_iter = None
         self._batches: dict[int, list] = {}
         self._fetched = 0
         self._pending: tuple[int, concurrent.futures.Future] | None = None
-        self._rollout: Rollout | None = None
-        self._uses = 0
+        self._buffer: list[dict[str, torch.Tensor]] = []  # the generation batch's micro-batches
+        self._uses = 0  # micro-batches trained on since the start of training (a resumed run's included)
+        self._resume_dir: str | None = None
         self._completions_path = os.path.join(self.args.output_dir, "completions.jsonl")
 
     # -- data --------------------------------------------------------------------------------------
+    def _steps_per_generation(self) -> int:
+        a, ga = self.rlhf_args, self.args.gradient_accumulation_steps
+        steps = a.steps_per_generation
+        if a.generation_batch_size is not None:
+            per_step = self.args.per_device_train_batch_size * self.args.world_size
+            if a.generation_batch_size % per_step:
+                raise SwiftError(f"--generation_batch_size ({a.generation_batch_size}) must be a multiple of "
+                                 f"--per_device_train_batch_size × world size ({per_step})")
+            steps = a.generation_batch_size // per_step
+        steps = steps or ga
+        if steps < 1 or steps % ga:
+            raise SwiftError(f"--steps_per_generation ({steps}) must be a positive multiple of "
+                             f"--gradient_accumulation_steps ({ga}): each pass over a generation batch is an "
+                             "optimizer step of its own")
+        return steps
+
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         return RepeatBatchSampler(len(dataset), self.args.per_device_train_batch_size, self.rlhf_args.num_iterations,
-                                  self.args.world_size, self.args.seed)
+                                  self.args.world_size, self.args.seed, block=self.steps_per_generation)
 
     def get_train_dataloader(self):
         # a "sample" is a prompt; the configured batch size counts completions
@@ -160,14 +181,50 @@ class GRPOTrainer(RLHFTrainer):
         finally:
             self.args.per_device_train_batch_size, self._train_batch_size = size, total
 
+    # -- checkpoints -----------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if resume_from_checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        self._resume_dir = resume_from_checkpoint
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _state_path(self, checkpoint: str) -> str:
+        return os.path.join(checkpoint, f"rollout_state_rank{self.args.process_index}.pt")
+
+    def _save_checkpoint(self, model, trial):
+        """Besides what the HF Trainer saves (weights, optimizer, RNG states): where the loop is in
+        its generation batch, the rest of that batch (when the checkpoint falls inside it) and a
+        rollout generated ahead (--async_generate), so a resumed run trains on the same samples."""
+        super()._save_checkpoint(model, trial)
+        checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        pending = (self._pending[0], self._pending[1].result()) if self._pending is not None else None
+        torch.save({"uses": self._uses, "buffer": self._buffer if self._uses % self.cycle else [],
+                    "pending": pending}, self._state_path(checkpoint))
+
+    def _restore(self) -> None:
+        path = self._state_path(self._resume_dir) if self._resume_dir else None
+        if path is None or not os.path.exists(path):
+            raise SwiftError(f"--resume_from_checkpoint {self._resume_dir}: no {os.path.basename(str(path))} (the "
+                             "GRPO loop's state); it was not saved by swift rlhf --rlhf_type grpo")
+        state = torch.load(path, weights_only=False)  # written by _save_checkpoint above
+        self._uses = self._fetched = state["uses"]
+        self._buffer = state["buffer"]
+        if state["pending"] is not None:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(state["pending"][1])
+            self._pending = (state["pending"][0], done)
+
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """With --async_generate, read `num_iterations` batches ahead so the prompts of the next
-        rollout are known while this one trains."""
-        if self._pool is None:
-            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        """Read ahead to the end of the generation batch being started (and with --async_generate to
+        the end of the next one's first pass) and number the batches as training_step will see them."""
+        if self._fetched == 0 and self.state.global_step > 0:  # the first batch of a resumed run
+            self._restore()
         if epoch_iterator is not self._ahead_iter:
             self._ahead_iter, self._ahead = epoch_iterator, deque()
-        while len(self._ahead) < num_batches + self.rlhf_args.num_iterations:
+        ahead = self.steps_per_generation + (self.cycle if self._pool is not None else 0)
+        while len(self._ahead) < num_batches + ahead:
             try:
                 batch = next(epoch_iterator)
             except StopIteration:
@@ -213,7 +270,7 @@ class GRPOTrainer(RLHFTrainer):
 
         def run():
             return rollout(self.engine, self.template, requests, self._request_config(seed), n,
-                           eos=self.processing_class.eos_token_id, scheduler=self.scheduler,
+                           scheduler=self.scheduler,
                            max_completion_length=self.rlhf_args.max_completion_length)
 
         if self._remote:  # the policy module is not touched (this may run beside training)
@@ -226,22 +283,27 @@ class GRPOTrainer(RLHFTrainer):
         finally:
             model.train(was_training)
 
+    def _prompts_from(self, seq: int) -> list[dict] | None:
+        """The prompts of the generation batch whose first micro-batch is batch `seq` (None if not fetched)."""
+        batches = [self._batches.get(s) for s in range(seq, seq + self.steps_per_generation)]
+        return None if any(b is None for b in batches) else [p for b in batches for p in b]
+
     def _next_trajectories(self, prompts: list[dict]) -> list[Trajectory]:
-        """This rollout's trajectories: generated during the previous step (--async_generate, from
-        the weights before that step's update) or now. Then start generating the next rollout."""
-        n, k = self.num_generations, self.rlhf_args.num_iterations
+        """This generation batch's trajectories: generated while the previous one trained
+        (--async_generate, from the weights before that step's update) or now. Then start generating
+        the next one."""
+        n = self.num_generations
         if self._pending is not None and self._pending[0] == self._uses:
             trajectories = self._pending[1].result()
         else:
             trajectories = self._generate(prompts, n)
         self._pending = None
         if self._pool is not None:
-            for seq in [s for s in self._batches if s <= self._uses]:
-                del self._batches[seq]
-            following = self._batches.get(self._uses + k)
+            following = self._prompts_from(self._uses + self.cycle)
             if following is not None:
                 self._sync_engine()
-                self._pending = (self._uses + k, self._pool.submit(self._rollout_with_current_engine, following, n))
+                self._pending = (self._uses + self.cycle,
+                                 self._pool.submit(self._rollout_with_current_engine, following, n))
         return trajectories
 
     def _score(self, prompts: list[dict], trajectories: list[Trajectory], n: int):
@@ -255,9 +317,11 @@ class GRPOTrainer(RLHFTrainer):
         columns["response_token_ids"] = [[t for t, m in zip(x.completion_ids, x.loss_mask) if m] for x in trajectories]
         columns["prompt_texts"] = [self.processing_class.decode(t.prompt_ids) for t in trajectories]
         totals, per_func = self.rewards([t.text for t in trajectories], columns)
-        return torch.tensor(totals, dtype=torch.float32).nan_to_num(0.0), per_func
+        return torch.tensor(totals, dtype=torch.float32), per_func  # NaN: no function scored the row
 
-    def _generate_and_score(self, prompts: list[dict]) -> Rollout:
+    def _generate_and_score(self, prompts: list[dict]) -> list[dict[str, torch.Tensor]]:
+        """Sample, score and compute advantages for the whole generation batch, then cut it into
+        its micro-batches, each with the log-probs it needs computed before any update."""
         a, n = self.rlhf_args, self.num_generations
         trajectories = self._next_trajectories(prompts)
         rewards, per_func = self._score(prompts, trajectories, n)
@@ -274,17 +338,46 @@ class GRPOTrainer(RLHFTrainer):
                     rewards[i * n:(i + 1) * n] = redo_rewards[j * n:(j + 1) * n]
                     for f in range(len(per_func)):
                         per_func[f][i * n:(i + 1) * n] = redo_per_func[f][j * n:(j + 1) * n]
-        advantages = compute_advantages(rewards, n, a.advantage_estimator, a.scale_rewards)
-        batch = self._tensorize(trajectories)
-        batch["advantages"] = advantages
-        with torch.no_grad():
-            device_batch = self._prepare_inputs(dict(batch))
-            if a.num_iterations > 1:
-                batch["old_logps"] = self._token_logps(self.model, device_batch)[0].detach()
-            if a.beta:
-                batch["ref_logps"] = self._reference_logps(device_batch).detach()
+        scored = ~rewards.isnan()
+        if not scored.all():
+            logger.warning(f"{int((~scored).sum())} of {len(trajectories)} completions got no reward (every reward "
+                           "function returned None); they are left out of the loss")
+        advantages = self._advantages(rewards).nan_to_num(0.0)
+        # completions trained on after an update need the log-probs they were sampled with
+        stale = a.num_iterations > 1 or self.steps_per_generation > self.args.gradient_accumulation_steps
+        rows = self.args.per_device_train_batch_size
+        micro = []
+        for start in range(0, len(trajectories), rows):
+            batch = self._tensorize(trajectories[start:start + rows])
+            batch["loss_mask"][~scored[start:start + rows]] = 0
+            batch["advantages"] = advantages[start:start + rows]
+            with torch.no_grad():
+                device_batch = self._prepare_inputs(dict(batch))
+                if stale:
+                    batch["old_logps"] = self._token_logps(self.model, device_batch)[0].detach()
+                if a.beta:
+                    batch["ref_logps"] = self._reference_logps(device_batch).detach()
+            micro.append(batch)
+        # dapo's normaliser: the loss tokens of each optimizer step's micro-batches, over all ranks
+        ga = self.args.gradient_accumulation_steps
+        tokens = torch.stack([b["loss_mask"].sum() for b in micro]).view(-1, ga).sum(-1)
+        if self.accelerator.num_processes > 1:
+            tokens = self.accelerator.reduce(tokens.to(self.args.device), reduction="sum").cpu()
+        for s, batch in enumerate(micro):
+            batch["step_tokens"] = tokens[s // ga]
         self._log_rollout(prompts, trajectories, rewards, per_func, advantages)
-        return Rollout(batch, trajectories, rewards, per_func)
+        return micro
+
+    def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Advantages from every rank's rewards (batch statistics are the global batch's, as in TRL);
+        this rank's share of them."""
+        a = self.rlhf_args
+        if self.accelerator.num_processes == 1:
+            return compute_advantages(rewards, self.num_generations, a.advantage_estimator, a.scale_rewards)
+        everyone = self.accelerator.gather(rewards.to(self.args.device)).cpu()
+        mine = self.accelerator.process_index * rewards.numel()
+        return compute_advantages(everyone, self.num_generations, a.advantage_estimator,
+                                  a.scale_rewards)[mine:mine + rewards.numel()]
 
     def _tensorize(self, trajectories: list[Trajectory]) -> dict[str, torch.Tensor]:
         pad = self.processing_class.pad_token_id
@@ -337,10 +430,14 @@ class GRPOTrainer(RLHFTrainer):
 
     # -- training ----------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if self._uses % self.rlhf_args.num_iterations == 0:
-            self._rollout = self._generate_and_score(inputs)
+        position = self._uses % self.cycle
+        if position == 0:  # `inputs` is this generation batch's first micro-batch of prompts
+            for seq in [s for s in self._batches if s < self._uses]:
+                del self._batches[seq]
+            self._buffer = self._generate_and_score(self._prompts_from(self._uses))
         self._uses += 1
-        return super().training_step(model, dict(self._rollout.batch), num_items_in_batch)
+        return super().training_step(model, dict(self._buffer[position % self.steps_per_generation]),
+                                     num_items_in_batch)
 
     def loss_and_metrics(self, model, inputs):
         a = self.rlhf_args
@@ -358,7 +455,13 @@ class GRPOTrainer(RLHFTrainer):
             logps, old, inputs["advantages"], mask, epsilon=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta,
             ref_logps=inputs.get("ref_logps"), kl_type=a.kl_estimator,
             importance_sampling_level=a.importance_sampling_level, loss_type=a.loss_type[0],
-            max_completion_length=a.max_completion_length, token_weights=weights)
+            max_completion_length=a.max_completion_length, token_weights=weights,
+            num_items_in_batch=inputs["step_tokens"])
+        if a.loss_type[0] == "dapo":
+            # normalised by the whole step's tokens: undo the trainer's division by the accumulation
+            # steps and DDP's average over ranks, so the step's gradient is Σ ℓ_t / tokens
+            steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+            loss = loss * steps * self.accelerator.num_processes
         tokens = mask.sum().clamp(min=1)
 
         def masked_mean(x):
@@ -399,8 +502,8 @@ class GRPOTrainer(RLHFTrainer):
         n = self.num_generations
         m = self._metrics["train"]
         grouped = rewards.view(-1, n)
-        std = grouped.std(dim=1) if n > 1 else torch.zeros(grouped.size(0))
-        m["reward"].append(rewards.mean().item())
+        std = nanstd(grouped, dim=1).squeeze(1) if n > 1 else torch.zeros(grouped.size(0))
+        m["reward"].append(rewards.nanmean().item())
         m["reward_std"].append(std.mean().item())
         m["frac_reward_zero_std"].append((std == 0).float().mean().item())
         for name, values in zip(self.rewards.names, per_func):
@@ -436,7 +539,7 @@ class GRPOTrainer(RLHFTrainer):
             torch.manual_seed(self.args.seed)
             trajectories = self._generate(prompts, 1)
         rewards, per_func = self._score(prompts, trajectories, 1)
-        metrics = {f"{metric_key_prefix}_reward": rewards.mean().item()}
+        metrics = {f"{metric_key_prefix}_reward": rewards.nanmean().item()}
         for name, values in zip(self.rewards.names, per_func):
             v = torch.tensor(values)
             v = v[~v.isnan()]

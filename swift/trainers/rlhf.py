@@ -19,7 +19,7 @@ from tqdm import tqdm
 from transformers import Trainer
 
 from swift.infer.protocol import InferRequest, RequestConfig
-from swift.rlhf.logps import IGNORE_INDEX, SequenceLogps, labelled_positions, target_logps
+from swift.rlhf.logps import IGNORE_INDEX, SequenceLogps, labelled_positions, step_token_counts, target_logps
 
 
 def forward_logps(model, inputs: dict, keep: torch.Tensor, whole_sequence: bool = False) -> SequenceLogps:
@@ -35,14 +35,48 @@ def forward_logps(model, inputs: dict, keep: torch.Tensor, whole_sequence: bool 
     return SequenceLogps(sums, lengths, all_sums, all_lengths)
 
 
+def disable_dropout(*models) -> None:
+    """Dropout probability 0 in every dropout layer (LoRA's included), as TRL's `disable_dropout`, and
+    in attention, which applies its dropout as a function."""
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+            if isinstance(getattr(module, "attention_dropout", None), float):
+                module.attention_dropout = 0.0
+
+
 class RLHFTrainer(Trainer):
-    """Shared by the three trainers: metrics averaged per logging step under TRL's names."""
+    """Shared by the trainers: metrics averaged per logging step under TRL's names.
+
+    Every algorithm's loss is a mean over its micro-batch, not a sum normalised by the global batch's
+    `num_items_in_batch`, so the HF Trainer must divide it by the gradient-accumulation steps (left
+    to its own guess, it sees a model that takes loss kwargs and skips the division, which made
+    loss and gradients GA× too large)."""
+
+    loss_is_scaled_for_ga = False
 
     def __init__(self, *args, algorithm, rlhf_args, **kwargs):
         super().__init__(*args, **kwargs)
         self.algorithm = algorithm
         self.rlhf_args = rlhf_args
+        if rlhf_args.disable_dropout:
+            disable_dropout(self.model)
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The optimizer step's micro-batches, each told the step's token counts (`token_counts`,
+        over all micro-batches and ranks, divided by their number), so that token-mean terms (an
+        NLL, a token classifier's cross-entropy) average over the whole step as one batch would."""
+        samples, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if samples and all(isinstance(s, dict) and "labels" in s for s in samples):
+            total = torch.stack([step_token_counts(s) for s in samples]).sum(0).to(device)
+            if self.accelerator.num_processes > 1:
+                total = self.accelerator.reduce(total, reduction="sum")
+            share = total.float() / (len(samples) * self.accelerator.num_processes)
+            for s in samples:
+                s["token_counts"] = share
+        return samples, num_items
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, metrics = self.loss_and_metrics(model, inputs)
@@ -61,11 +95,22 @@ class RLHFTrainer(Trainer):
         return loss.detach(), None, None
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Each metric is the mean of its values since the last log, over every rank's values."""
         mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
         prefix = "eval_" if mode == "eval" else ""
-        for key, values in self._metrics[mode].items():
-            if values:
-                logs[prefix + key] = sum(values) / len(values)
+        totals = {key: (sum(values), len(values)) for key, values in self._metrics[mode].items() if values}
+        if self.accelerator.num_processes > 1:
+            import torch.distributed as dist
+
+            everyone: list = [None] * self.accelerator.num_processes
+            dist.all_gather_object(everyone, totals)  # ranks may log different keys (e.g. KTO's rewards/chosen)
+            totals = {}
+            for part in everyone:
+                for key, (total, count) in part.items():
+                    s, c = totals.get(key, (0.0, 0))
+                    totals[key] = (s + total, c + count)
+        for key, (total, count) in totals.items():
+            logs[prefix + key] = total / count
         self._metrics[mode].clear()
         super().log(logs, start_time)
 
@@ -104,6 +149,7 @@ class PreferenceTrainer(RLHFTrainer):
     def loss_and_metrics(self, model, inputs):
         keep = labelled_positions(inputs["labels"])
         policy = forward_logps(model, inputs, keep, self.algorithm.whole_sequence_nll)
+        policy.token_counts = inputs.get("token_counts")
         ref = None
         if "ref_logps" in inputs:
             ref = SequenceLogps(inputs["ref_logps"].to(policy.sums), policy.lengths)
@@ -136,19 +182,19 @@ class DistillTrainer(RLHFTrainer):
 
         a = self.rlhf_args
         unwrapped = self.accelerator.unwrap_model(self.model)
+        was_training = unwrapped.training  # before the engine, which puts its model in eval mode
         if self._engine is None:
-            self._engine = TransformersEngine(unwrapped, self.processing_class, template=None)
-        was_training = unwrapped.training
+            # the student samples with its adapters on (LoRA), as it is being trained
+            adapter = getattr(unwrapped, "active_adapter", None) if hasattr(unwrapped, "peft_config") else None
+            self._engine = TransformersEngine(unwrapped, self.processing_class, template=None, default_adapter=adapter)
         unwrapped.eval()
         config = RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature,
                                seed=self._rng.randrange(2 ** 31))
         responses = self._engine.infer([InferRequest(input_ids=p) for p in inputs["prompt_ids"]], config)
         unwrapped.train(was_training)
-        eos = self.processing_class.eos_token_id
         samples = []
         for prompt, response in zip(inputs["prompt_ids"], responses):
-            choice = response.choices[0]
-            completion = choice.token_ids + ([eos] if choice.finish_reason == "stop" else [])
+            completion = response.choices[0].sampled_token_ids()  # the end token it sampled, if any
             samples.append({"sequences": [(prompt + completion, [IGNORE_INDEX] * len(prompt) + completion)]})
         batch = self.data_collator(samples)
         batch["on_policy"] = True

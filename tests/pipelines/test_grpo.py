@@ -9,7 +9,7 @@ import pytest
 
 from swift.pipelines.rlhf import rlhf_main
 from swift.utils.registry import SwiftError
-from tests.conftest import train_argv
+from tests.conftest import TEXT_LENGTH, train_argv
 
 TRL_NAMES = ["reward", "reward_std", "rewards/accuracy/mean", "rewards/accuracy/std", "frac_reward_zero_std",
              "completions/mean_length", "completions/clipped_ratio", "entropy", "clip_ratio/low_mean",
@@ -111,3 +111,102 @@ def test_a_failing_user_reward_stops_with_one_line(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert "reward function 'fragile' failed on row" in last and "solution='100'" in last
     assert "ZeroDivisionError" in last
+
+
+def clip_logs(tmp_path, *extra):
+    rlhf_main(grpo_argv(tmp_path, "--max_steps", "2", "--per_device_train_batch_size", "4", "--beta", "0",
+                        "--epsilon", "0.001", *TEXT_LENGTH, "--max_completion_length", "6",
+                        "--learning_rate", "3e-2", "--log_completions", "true", *extra))
+    return [r for r in read(tmp_path / "logging.jsonl") if "loss" in r], read(tmp_path / "completions.jsonl")
+
+
+def test_each_iteration_is_an_optimizer_step_of_its_own(tmp_path):
+    """--num_iterations 2 with gradient accumulation 2: the generation batch (2 micro-batches) is
+    trained on in step 1, then again in step 2 after the update, where the ratios leave 1."""
+    logs, completions = clip_logs(tmp_path, "--num_iterations", "2", "--gradient_accumulation_steps", "2")
+    assert len(completions) == 8 and {r["step"] for r in completions} == {0}  # one generation, 2 prompts × 4
+    assert logs[0]["clip_ratio/region_mean"] == 0.0  # the policy that sampled them
+    assert logs[1]["clip_ratio/region_mean"] > 0.0  # one update later
+
+
+@pytest.mark.parametrize("flag", [["--steps_per_generation", "2"], ["--generation_batch_size", "8"]])
+def test_a_generation_batch_can_span_optimizer_steps(tmp_path, flag):
+    logs, completions = clip_logs(tmp_path, *flag)
+    assert len(completions) == 8 and {r["step"] for r in completions} == {0}
+    assert logs[0]["clip_ratio/region_mean"] == 0.0 and logs[1]["clip_ratio/region_mean"] > 0.0
+
+
+def test_steps_per_generation_must_be_a_multiple_of_accumulation(tmp_path):
+    with pytest.raises(SwiftError, match="--steps_per_generation"):
+        rlhf_main(grpo_argv(tmp_path, "--steps_per_generation", "3", "--gradient_accumulation_steps", "2"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--loss_type", "dapo", "bnpo"], "--loss_type takes one aggregation"),
+    (["--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs does not apply"),
+])
+def test_grpo_refuses_what_it_would_ignore(tmp_path, argv, message):
+    with pytest.raises(SwiftError, match=message):
+        rlhf_main(grpo_argv(tmp_path, *argv))
+
+
+def test_rows_no_reward_function_scored_are_left_out(tmp_path):
+    from swift.pipelines.base import resolve_args
+    from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
+
+    plugin = tmp_path / "sometimes.py"
+    plugin.write_text(textwrap.dedent("""
+        from swift.rewards import ORM, orms
+
+        class Sometimes(ORM):  # no opinion on every second completion
+            def __call__(self, completions, **kwargs):
+                return [None if i % 2 else float(len(c)) for i, c in enumerate(completions)]
+
+        orms['sometimes'] = Sometimes
+    """))
+    pipeline = RLHFPipeline(resolve_args(RLHFArguments, grpo_argv(
+        tmp_path / "out", "--max_steps", "1", "--reward_funcs", "sometimes", "--external_plugins", str(plugin),
+        "--max_completion_length", "6", "--log_completions", "true"), "swift rlhf"))
+    pipeline.run()
+    completions = read(tmp_path / "out" / "completions.jsonl")
+    for g in range(2):
+        group = completions[4 * g:4 * g + 4]
+        scored = [r["reward"] for r in group[0::2]]
+        assert all(r["reward"] != r["reward"] and r["advantage"] == 0.0 for r in group[1::2])  # NaN, no advantage
+        mean, std = sum(scored) / 2, abs(scored[0] - scored[1]) / 2 ** 0.5
+        for r, value in zip(group[0::2], scored):  # the group's statistics are the scored rows' own
+            assert r["advantage"] == pytest.approx((value - mean) / (std + 1e-4), abs=1e-4)
+    mask = pipeline.trainer._buffer[0]["loss_mask"]
+    assert mask[1::2].sum() == 0 and mask[0::2].sum() > 0
+
+
+def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path):
+    """A run with --num_iterations 2 (a generation batch every two steps) saving every step, then
+    runs resumed from its checkpoints (what a run killed right after saving them resumes from):
+    from step 2, a generation boundary, the next rollout is sampled with the RNG states restored;
+    from step 3, inside a generation batch, its rest comes from the checkpoint. Both end with the
+    uninterrupted run's logged losses and rewards and its weights (atol 1e-6)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    def argv(out, *extra):
+        return grpo_argv(out, "--max_steps", "4", "--num_iterations", "2", "--tuner_type", "full", *TEXT_LENGTH,
+                         "--save_strategy", "steps", "--save_steps", "1", *extra)
+
+    rlhf_main(argv(tmp_path / "straight"))
+    straight = {r["global_step"]: r for r in read(tmp_path / "straight" / "logging.jsonl") if "loss" in r}
+    final = load_file(tmp_path / "straight" / "model.safetensors")
+    for step in (2, 3):
+        out = tmp_path / f"from{step}"
+        shutil.copytree(tmp_path / "straight" / f"checkpoint-{step}", out / f"checkpoint-{step}")
+        rlhf_main(argv(out, "--resume_from_checkpoint", str(out / f"checkpoint-{step}")))
+        resumed = {r["global_step"]: r for r in read(out / "logging.jsonl") if "loss" in r}
+        assert sorted(resumed) == list(range(step + 1, 5))
+        for s, r in resumed.items():
+            for key in ("loss", "reward", "clip_ratio/region_mean"):
+                assert (key in r) == (key in straight[s]) and r.get(key) == pytest.approx(straight[s].get(key)), (s, key)
+        weights = load_file(out / "model.safetensors")
+        for name, tensor in final.items():
+            torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=name)

@@ -72,27 +72,41 @@ def trl_setup(tmp_path_factory, tiny_dir):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
-def test_policy_loss_equals_trl(trl_setup, loss_type, level):
+def test_policy_loss_equals_trl(trl_setup, tiny_dir, tmp_path, loss_type, level):
+    """Through our trainer's own loss (`GRPOTrainer.loss_and_metrics`, with the batch fields its
+    rollout builds, dapo's step token count included) against TRL's `_compute_loss`."""
+    from swift.pipelines.base import resolve_args
+    from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
     from swift.trainers.grpo import token_logps
 
     trainer, model, inputs = trl_setup
     trainer.loss_type, trainer.importance_sampling_level = loss_type, level
-    model.eval()  # TRL's eval mode: no gradient-accumulation normaliser
-    with torch.no_grad():
-        logps, _ = token_logps(model, inputs, temperature=0.7)
-        g = torch.Generator().manual_seed(2)
-        old = logps + 0.3 * torch.randn(logps.shape, generator=g)  # ratios far enough from 1 to clip
-        ref = logps + 0.2 * torch.randn(logps.shape, generator=g)
-        mask = inputs["completion_mask"]
-        trl_inputs = {**inputs, "old_per_token_logps": old, "ref_per_token_logps": ref,
-                      "num_items_in_batch": mask.sum()}
-        expected = trainer._compute_loss(model, trl_inputs)
-        ours, info = policy_loss(logps, old, inputs["advantages"], mask.float(), epsilon=0.2, epsilon_high=0.28,
-                                 beta=0.04, ref_logps=ref, importance_sampling_level=level, loss_type=loss_type,
-                                 max_completion_length=6, num_items_in_batch=mask.sum())
+    ours = RLHFPipeline(resolve_args(RLHFArguments, [
+        "--model", tiny_dir, "--rlhf_type", "grpo", "--tuner_type", "full", "--dataset", "builtin:arith-sft#8",
+        "--output_dir", str(tmp_path), "--reward_funcs", "accuracy", "--num_generations", "4",
+        "--per_device_train_batch_size", "4", "--max_completion_length", "6", "--beta", "0.04", "--epsilon", "0.2",
+        "--epsilon_high", "0.28", "--temperature", "0.7", "--loss_type", loss_type,
+        "--importance_sampling_level", level, "--report_to", "none"], "swift rlhf")).build_trainer()
+    try:
+        model.eval()  # TRL's eval mode: no gradient-accumulation normaliser
+        ours.model.eval()
+        with torch.no_grad():
+            logps, _ = token_logps(model, inputs, temperature=0.7)
+            g = torch.Generator().manual_seed(2)
+            old = logps + 0.3 * torch.randn(logps.shape, generator=g)  # ratios far enough from 1 to clip
+            ref = logps + 0.2 * torch.randn(logps.shape, generator=g)
+            mask = inputs["completion_mask"]
+            trl_inputs = {**inputs, "old_per_token_logps": old, "ref_per_token_logps": ref,
+                          "num_items_in_batch": mask.sum()}
+            expected = trainer._compute_loss(model, trl_inputs)
+            ours_inputs = {**inputs, "loss_mask": mask.float(), "old_logps": old, "ref_logps": ref,
+                           "step_tokens": mask.sum()}
+            loss, metrics = ours.loss_and_metrics(ours.model, ours_inputs)
+    finally:
+        ours.close()
     if level == "token":
-        assert (info["low_clipped"] | info["high_clipped"]).any()  # the clip is exercised
-    assert abs(ours.item() - expected.item()) < 1e-5
+        assert metrics["clip_ratio/region_mean"] > 0  # the clip is exercised
+    assert abs(loss.item() - expected.item()) < 1e-5
 
 
 @pytest.mark.parametrize("lora", [False, True])

@@ -1,10 +1,11 @@
 """Multi-turn rollouts with a scripted engine: per-turn loss masks, the built-in schedulers, a user
 scheduler plugin, and an OpenRLHF AgentInstance."""
 import textwrap
+from dataclasses import replace
 
 import pytest
 
-from swift.infer.protocol import Choice, InferEngine, InferResponse, RequestConfig
+from swift.infer.protocol import Choice, InferEngine, InferRequest, InferResponse, RequestConfig, per_request
 from swift.rollout.multi_turn import RolloutInferRequest, build_scheduler
 from swift.rollout.runner import rollout
 from swift.template import get_template
@@ -14,15 +15,21 @@ class ScriptedEngine(InferEngine):
     """Answers each request with the next scripted text (finish_reason stop)."""
 
     def __init__(self, tokenizer, script):
-        self.tokenizer, self.script, self.prompts = tokenizer, list(script), []
+        self.tokenizer, self.script, self.prompts, self.max_tokens = tokenizer, list(script), [], []
 
     def infer(self, requests, config=None):
         out = []
-        for r in requests:
+        for r, c in zip(requests, per_request(config, len(requests))):
             self.prompts.append(r.input_ids)
+            self.max_tokens.append(c.max_tokens)
             text = self.script.pop(0)
             ids = self.tokenizer.encode(text, add_special_tokens=False)
-            out.append(InferResponse([Choice(i, text, ids, "stop") for i in range(config.n)], len(r.input_ids), len(ids)))
+            if len(ids) >= c.max_tokens:  # cut off before its end token, as an engine would
+                ids = ids[:c.max_tokens]
+                choice = Choice(0, self.tokenizer.decode(ids), ids, "length")
+            else:
+                choice = Choice(0, text, ids, "stop", stop_token_id=self.tokenizer.eos_token_id)
+            out.append(InferResponse([replace(choice, index=i) for i in range(c.n)], len(r.input_ids), len(ids)))
         return out
 
     async def infer_async(self, request, config):  # pragma: no cover - not used by the rollout
@@ -40,7 +47,7 @@ def test_single_turn_is_all_generated(tokenizer):
     template = get_template("chatml", tokenizer)
     engine = ScriptedEngine(tokenizer, ["52"])
     (t1, t2), = [rollout(engine, template, [RolloutInferRequest([{"role": "user", "content": "07+45="}])],
-                         RequestConfig(max_tokens=8), 2, eos=tokenizer.eos_token_id)]
+                         RequestConfig(max_tokens=8), 2)]
     assert t1.text == "52" and t1.loss_mask == [1] * len(t1.completion_ids)
     assert tokenizer.decode(t1.completion_ids) == "52<|im_end|>"
 
@@ -50,7 +57,7 @@ def test_gym_environment_masks_observations(tokenizer):
     engine = ScriptedEngine(tokenizer, ["40", "60", "52"])
     scheduler = build_scheduler("gym", max_turns=5, env="guess_number")
     request = RolloutInferRequest([{"role": "user", "content": "guess"}], {"solution": "52"})
-    t, = rollout(engine, template, [request], RequestConfig(max_tokens=8), 1, eos=tokenizer.eos_token_id,
+    t, = rollout(engine, template, [request], RequestConfig(max_tokens=8), 1,
                  scheduler=scheduler, max_completion_length=64)
     assert [m["content"] for m in t.messages[1:]] == ["40", "higher", "60", "lower", "52"]
     assert t.turns == 3 and t.rollout_infos["gym_reward"] == 1.0 and t.text == "52"
@@ -66,7 +73,7 @@ def test_math_tip_trick_retries_a_wrong_answer_once(tokenizer):
     engine = ScriptedEngine(tokenizer, ["<think>hm</think><answer>51</answer>", " 52"])
     scheduler = build_scheduler("math_tip_trick", max_turns=3)
     request = RolloutInferRequest([{"role": "user", "content": "07+45="}], {"solution": "52"})
-    t, = rollout(engine, template, [request], RequestConfig(max_tokens=16), 1, eos=tokenizer.eos_token_id,
+    t, = rollout(engine, template, [request], RequestConfig(max_tokens=32), 1,
                  scheduler=scheduler, max_completion_length=128)
     assert t.turns == 2 and t.text.endswith("carefully. 52")
     generated = generated_text(tokenizer, t)
@@ -95,7 +102,7 @@ def test_user_scheduler_plugin(tokenizer, tmp_path):
     template = get_template("chatml", tokenizer)
     engine = ScriptedEngine(tokenizer, ["a", "b"])
     t, = rollout(engine, template, [RolloutInferRequest([{"role": "user", "content": "hi"}])], RequestConfig(),
-                 1, eos=tokenizer.eos_token_id, scheduler=build_scheduler("echo", None), max_completion_length=64)
+                 1, scheduler=build_scheduler("echo", None), max_completion_length=64)
     assert [m["content"] for m in t.messages] == ["hi", "a", "again", "b"]
 
 
@@ -118,7 +125,7 @@ def test_openrlhf_agent_instance(tokenizer, tmp_path):
     engine = ScriptedEngine(tokenizer, ["1", "2"])
     scheduler = build_scheduler(str(agent), max_turns=4)
     request = RolloutInferRequest([{"role": "user", "content": "1+1="}], {"solution": "2"})
-    t, = rollout(engine, template, [request], RequestConfig(), 1, eos=tokenizer.eos_token_id, scheduler=scheduler,
+    t, = rollout(engine, template, [request], RequestConfig(), 1, scheduler=scheduler,
                  max_completion_length=64)
     assert [m["content"] for m in t.messages[1:]] == ["1", "try again", "2"]
     assert t.rollout_infos["agent_reward"] == 1.0
@@ -129,5 +136,62 @@ def test_max_turns_stops_the_rollout(tokenizer):
     engine = ScriptedEngine(tokenizer, ["10", "11"])
     scheduler = build_scheduler("gym", max_turns=2, env="guess_number")
     t, = rollout(engine, template, [RolloutInferRequest([{"role": "user", "content": "guess"}], {"solution": "99"})],
-                 RequestConfig(), 1, eos=tokenizer.eos_token_id, scheduler=scheduler, max_completion_length=64)
+                 RequestConfig(), 1, scheduler=scheduler, max_completion_length=64)
     assert t.turns == 2 and t.rollout_infos["gym_reward"] == 0.0
+
+
+def test_scheduler_state_is_released_however_a_trajectory_ends(tokenizer):
+    """Trajectories that run out of budget after an environment reply end without another
+    check_finished; their state must go too, or a later rollout meets a stale environment."""
+    template = get_template("chatml", tokenizer)
+    scheduler = build_scheduler("gym", max_turns=10, env="guess_number")
+    for _ in range(30):
+        engine = ScriptedEngine(tokenizer, ["10"] * 40)
+        requests = [RolloutInferRequest([{"role": "user", "content": "guess"}], {"solution": "52"}) for _ in range(2)]
+        out = rollout(engine, template, requests, RequestConfig(max_tokens=8), 2, scheduler=scheduler,
+                      max_completion_length=14)
+        assert len(out) == 4 and all(t.truncated and t.rollout_infos["gym_reward"] == 0.0 for t in out)
+        assert len(scheduler._envs) == 0
+
+
+def test_each_trajectory_turn_has_its_own_token_budget(tokenizer):
+    """A nearly spent trajectory must not shorten the turns of the others."""
+    template = get_template("chatml", tokenizer)
+    long_answer = "9" * 30  # 30 tokens
+    engine = ScriptedEngine(tokenizer, [long_answer, "10", "11", "12"])
+    scheduler = build_scheduler("gym", max_turns=2, env="guess_number")
+    requests = [RolloutInferRequest([{"role": "user", "content": "guess"}], {"solution": "52"}) for _ in range(2)]
+    first, second = rollout(engine, template, requests, RequestConfig(max_tokens=48), 1, scheduler=scheduler,
+                            max_completion_length=48)
+    assert engine.max_tokens[:2] == [48, 48]
+    spent = [len(first.completion_ids), len(second.completion_ids)]
+    # turn 2: the first trajectory has 48 - (31 answer + environment) tokens left, the second far more
+    assert engine.max_tokens[2] < 8 and engine.max_tokens[3] > 30, (engine.max_tokens, spent)
+    assert first.turns == 2 and second.turns == 2 and second.text == "12"
+
+
+def test_the_end_token_a_trajectory_keeps_is_the_one_sampled(tiny, tmp_path):
+    """A generation config with two EOS ids: the engine reports which one ended the answer, and the
+    rollout trains on that token, not on the tokenizer's EOS."""
+    from swift.infer.transformers_engine import TransformersEngine
+
+    model, tokenizer, _ = tiny
+    template = get_template("chatml", tokenizer)
+    prompt = [{"role": "user", "content": "07+45="}]
+    probe = TransformersEngine(model, tokenizer, template)
+    try:
+        first = probe.infer([InferRequest(messages=prompt)], RequestConfig(max_tokens=1))[0].choices[0].token_ids[0]
+    finally:
+        probe.close()
+    assert first != tokenizer.eos_token_id
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, first]  # e.g. Llama-3's <|eot_id|>
+    engine = TransformersEngine(model, tokenizer, template)
+    try:
+        choice = engine.infer([InferRequest(messages=prompt)], RequestConfig(max_tokens=4))[0].choices[0]
+        assert choice.finish_reason == "stop" and choice.stop_token_id == first and choice.token_ids == []
+        t, = rollout(engine, template, [RolloutInferRequest(prompt)], RequestConfig(max_tokens=4), 1)
+        assert t.completion_ids == [first] and t.loss_mask == [1]
+    finally:
+        engine.close()
+        model.generation_config.eos_token_id = saved

@@ -1,0 +1,63 @@
+"""Everyday configurations the defaults do not exercise: LoRA with on-policy distillation,
+multi-turn budgets, the token that really ended generation, and the like."""
+import json
+import math
+import os
+
+import torch
+
+from swift.model import load_model
+from swift.pipelines.base import resolve_args
+from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
+from tests.conftest import train_argv
+
+
+def logs_of(out):
+    with open(os.path.join(out, "logging.jsonl")) as f:
+        return [r for r in map(json.loads, f) if "loss" in r]
+
+
+def test_gkd_on_policy_with_lora_trains_only_the_adapters(tmp_path, tiny_dir):
+    """`--lmbda 1` with the default tuner: every step samples from the student through the inference
+    engine, which must neither freeze the adapters nor sample from the base model alone."""
+    pipeline = RLHFPipeline(resolve_args(RLHFArguments, train_argv(
+        tmp_path, "--rlhf_type", "gkd", "--teacher_model", tiny_dir, "--lmbda", "1", "--max_steps", "4",
+        "--learning_rate", "1e-2", "--max_completion_length", "6", "--lora_rank", "4"), "swift rlhf"))
+    pipeline.run()
+    logs = logs_of(tmp_path)
+    assert len(logs) == 4 and all(r["on_policy"] == 1.0 and math.isfinite(r["loss"]) for r in logs)
+    model = pipeline.trainer.accelerator.unwrap_model(pipeline.trainer.model)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)  # the trainable set is what the tuner made it
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert any(p.abs().max() > 0 for p in lora_b)  # zero at the start: the adapters trained
+    base = dict(load_model("builtin:tiny-chat")[0].named_parameters())
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            key = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            torch.testing.assert_close(p.detach(), base[key].detach(), rtol=0, atol=0, msg=name)
+
+
+def test_lora_weight_sync_never_writes_the_base_weights(tiny):
+    """200 syncs of a bf16 LoRA policy (what the rollout client and the colocated vLLM engine send):
+    the base weights stay bit-identical, and what is sent equals PEFT's own merge."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from swift.rollout.client import sync_state_dict
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny[0].config).to(torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    for _ in range(200):
+        sent = dict(sync_state_dict(model))
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(p, base[name]), name
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert sent.keys() == merged.keys()
+    for name, tensor in merged.items():
+        torch.testing.assert_close(sent[name], tensor, rtol=0, atol=0, msg=name)

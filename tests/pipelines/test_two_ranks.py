@@ -1,0 +1,59 @@
+"""`NPROC_PER_NODE=2 swift rlhf` (torchrun, gloo): two ranks with half the batch each compute what
+one rank with the whole batch does, for the statistics a loss takes over the batch: KTO's KL
+baseline, batch-scaled advantages, the entropy threshold and dapo's token count. Compared after
+two plain-SGD steps: logged losses (4 significant digits) and weights (atol 1e-5)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import TEXT_LENGTH, train_argv
+
+
+def run(out, nproc: int, batch: int, *extra, lr: str = "0.1") -> tuple[list[dict], dict]:
+    from tests.deploy.serving import free_port
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if nproc > 1:
+        env.update(NPROC_PER_NODE=str(nproc), MASTER_PORT=str(free_port()))
+    argv = train_argv(out, "--tuner_type", "full", "--optim", "sgd", "--learning_rate", lr, "--max_steps", "2",
+                      "--lr_scheduler_type", "constant", "--per_device_train_batch_size", str(batch), *extra)
+    proc = subprocess.run([sys.executable, "-m", "swift", "rlhf", *argv], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    with open(os.path.join(out, "logging.jsonl")) as f:
+        logs = [r for r in map(json.loads, f) if "loss" in r]
+    return logs, load_file(os.path.join(out, "model.safetensors"))
+
+
+def assert_same_run(tmp_path, keys, *extra, lr="0.1"):
+    logs1, w1 = run(tmp_path / "one", 1, 8, *extra, lr=lr)
+    logs2, w2 = run(tmp_path / "two", 2, 4, *extra, lr=lr)
+    assert len(logs1) == len(logs2) == 2
+    for a, b in zip(logs1, logs2):
+        for key in ["loss", *keys]:
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), key
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-5, msg=name)
+    return logs1
+
+
+def test_kto_kl_baseline_is_the_global_batch_s(tmp_path):
+    logs = assert_same_run(tmp_path, ["kl"], "--rlhf_type", "kto", "--dataset", "builtin:arith-kto#16", lr="1.0")
+    assert logs[1]["kl"] > 0  # the policy moved: the baseline is exercised in step 2
+
+
+def test_grpo_batch_statistics_are_the_global_batch_s(tmp_path, quickstart):
+    # greedy sampling, so both layouts draw the same completions: from the quickstart's sft model,
+    # whose answers are confident (an untrained model's near-ties flip with the batch shape)
+    sft = os.path.join(quickstart[1], "sft")
+    logs = assert_same_run(tmp_path, ["reward"], "--model", sft, "--rlhf_type", "grpo",
+                           "--dataset", "builtin:arith-sft#16",
+                           *TEXT_LENGTH, "--num_generations", "2", "--temperature", "0",
+                           "--max_completion_length", "6", "--advantage_estimator", "reinforce_plus_plus",
+                           "--scale_rewards", "batch", "--top_entropy_quantile", "0.5", "--loss_type", "dapo")
+    assert logs[0]["loss"] != 0  # the advantages are not all zero
