@@ -87,6 +87,7 @@ class Choice:
     # the end-of-sequence token the model sampled to stop (one of the generation config's EOS ids),
     # which `token_ids` and `text` leave out; None when it stopped on a stop string or the length limit
     stop_token_id: int | None = None
+    stop_logprob: float | None = None  # its log-prob, when log-probs were asked for
 
     def sampled_token_ids(self) -> list[int]:
         """Every token the model sampled, the one that ended generation included (what a trainer

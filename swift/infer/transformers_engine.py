@@ -55,6 +55,7 @@ class _Row:
     finish: str | None = None
     text: str = ""
     stop_token_id: int | None = None  # the EOS id that ended the row
+    stop_logprob: float | None = None
 
 
 class TransformersEngine(InferEngine):
@@ -340,6 +341,8 @@ class TransformersEngine(InferEngine):
         live_text = bool(cfg.stop) or row.job.on_delta is not None  # else the text is decoded once, at the end
         if token in self.eos_ids:
             row.finish, row.stop_token_id = "stop", token
+            if logprobs is not None:
+                row.stop_logprob = logprobs[token].item()
         else:
             row.tokens.append(token)
             if logprobs is not None:
@@ -375,7 +378,7 @@ class TransformersEngine(InferEngine):
             return
         job.delivered = True
         choices = [Choice(r.index, r.text, r.tokens, r.finish, r.logprobs if job.config.logprobs else None,
-                          r.stop_token_id) for r in job.rows]
+                          r.stop_token_id, r.stop_logprob) for r in job.rows]
         job.deliver(InferResponse(choices, len(job.prompt), sum(len(r.tokens) for r in job.rows)))
 
 

@@ -154,11 +154,13 @@ class VllmEngine(InferEngine):
         """vLLM keeps the EOS token that ended a sequence in its token ids; the protocol reports it
         as `stop_token_id` (token ids and log-probs then hold the answer's own tokens only)."""
         ids, logprobs = list(o.token_ids), self._logprobs(o, config)
-        stop_token = None
+        stop_token = stop_logprob = None
         if o.finish_reason == "stop" and not isinstance(o.stop_reason, str) and ids and ids[-1] in self.eos_ids:
             stop_token = ids.pop()
-            logprobs = logprobs[:len(ids)] if logprobs is not None else None
-        return Choice(o.index, o.text, ids, "length" if o.finish_reason == "length" else "stop", logprobs, stop_token)
+            if logprobs is not None and len(logprobs) > len(ids):
+                stop_logprob = logprobs.pop().logprob
+        return Choice(o.index, o.text, ids, "length" if o.finish_reason == "length" else "stop", logprobs, stop_token,
+                      stop_logprob)
 
     async def infer_async(self, request: InferRequest, config: RequestConfig) -> InferResponse:
         future = asyncio.run_coroutine_threadsafe(self._final(request, config), self._loop)
@@ -252,8 +254,11 @@ def colocated_vllm_engine(model, template, *, gpu_memory_utilization: float = 0.
     from safetensors.torch import save_file
 
     path = tempfile.mkdtemp(prefix="swift-vllm-policy-")
-    config = (model.get_base_model() if hasattr(model, "peft_config") else model).config
+    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    config = base.config
     config.save_pretrained(path)
+    if getattr(base, "generation_config", None) is not None:  # its EOS ids stop generation as in the trainer
+        base.generation_config.save_pretrained(path)
     template.tokenizer.save_pretrained(path)
     weights = dict(hf_state_dict(model))
     if getattr(config, "tie_word_embeddings", False):

@@ -104,9 +104,14 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile:
 POLICY_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("GRPO loss type")
 
 
+def _rows(mask: torch.Tensor) -> torch.Tensor:
+    """Rows that carry loss (a row whose mask is all zero, e.g. unscored, is left out of the mean)."""
+    return (mask.sum(-1) > 0).sum().clamp(min=1)
+
+
 @POLICY_LOSSES.register("grpo")
 def per_sequence_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
-    return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / _rows(mask)
 
 
 @POLICY_LOSSES.register("bnpo")
@@ -116,7 +121,7 @@ def token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
 
 @POLICY_LOSSES.register("dr_grpo")
 def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, *, max_completion_length: int, **_) -> torch.Tensor:
-    return (loss * mask).sum() / (loss.size(0) * max_completion_length)
+    return (loss * mask).sum() / (_rows(mask) * max_completion_length)
 
 
 @POLICY_LOSSES.register("dapo")

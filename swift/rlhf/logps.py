@@ -1,9 +1,19 @@
-"""Per-token and per-sequence log-probabilities of labelled tokens, and the pair metrics TRL logs."""
+"""Per-token and per-sequence log-probabilities of labelled tokens, and the pair metrics TRL logs.
+
+Real vocabularies make the logits the largest tensor of a step (8 × 2048 positions × 151,936
+tokens is 10 GB in fp32). For the decoder families whose logits are exactly `lm_head(hidden)`,
+the model is run with its output layer swapped out, so it returns hidden states, and the output
+layer, softmax and gather run over chunks of positions (`head_logps`); each chunk is recomputed in
+the backward pass, so at most one chunk of logits exists at a time.
+"""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100
 
@@ -14,6 +24,79 @@ def target_logps(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Ten
     logp = torch.log_softmax(logits.float(), dim=-1)
     per_token = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
     return per_token.sum(-1), mask.sum(-1), per_token
+
+
+# decoders whose forward returns lm_head(last hidden state) unchanged (no soft-capping or scaling)
+PLAIN_HEAD_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3"}
+# logits of up to this many elements are computed in one piece (fp32: 256 MiB)
+CHUNK_ELEMENTS = 2 ** 26
+
+
+def _causal_lm(model):
+    """The transformers model inside DDP and PEFT wrappers."""
+    model = getattr(model, "module", model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def plain_head(model) -> torch.nn.Linear | None:
+    """The output layer when the model's logits are exactly `lm_head(hidden)`, else None. Also None
+    for a model wrapped for distributed training whose output layer trains and is not tied to the
+    input embeddings: DDP would see that weight unused by the forward and then used after it."""
+    inner = _causal_lm(model)
+    head = getattr(inner, "lm_head", None)
+    if getattr(inner.config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES or type(head) is not torch.nn.Linear:
+        return None
+    if hasattr(model, "module") and head.weight.requires_grad and head.weight is not inner.get_input_embeddings().weight:
+        return None
+    return head
+
+
+@contextlib.contextmanager
+def hidden_states_out(model):
+    """Within the block, the model's forward returns its last hidden states as `.logits`."""
+    inner = _causal_lm(model)
+    head = inner.lm_head
+    inner.lm_head = torch.nn.Identity()
+    try:
+        yield head
+    finally:
+        inner.lm_head = head
+
+
+def _project(hidden, targets, weight, bias, temperature: float, with_entropy: bool):
+    logits = F.linear(hidden, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    mask = targets != IGNORE_INDEX
+    if not with_entropy:  # cross-entropy never materialises log-softmax's output
+        return -F.cross_entropy(logits, targets.clamp(min=0), reduction="none") * mask, None
+    logp = logits.log_softmax(-1)
+    per_token = logp.gather(-1, targets.clamp(min=0)[:, None]).squeeze(-1) * mask
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return per_token, entropy
+
+
+def head_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float = 1.0,
+               with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `targets` (0 where IGNORE_INDEX) and, if asked, entropies (no gradient) under
+    softmax(head(hidden) / temperature); `hidden` [..., H], `targets` [...]. Over
+    `CHUNK_ELEMENTS` logits, positions go in chunks, each recomputed in the backward pass."""
+    shape = targets.shape
+    flat, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+    rows = max(1, CHUNK_ELEMENTS // head.out_features)
+    if targets.numel() <= rows:
+        per_token, entropy = _project(flat, targets, head.weight, head.bias, temperature, with_entropy)
+    else:
+        parts = []
+        for start in range(0, targets.numel(), rows):
+            args = (flat[start:start + rows], targets[start:start + rows], head.weight, head.bias, temperature,
+                    with_entropy)
+            parts.append(checkpoint(_project, *args, use_reentrant=False) if torch.is_grad_enabled()
+                         else _project(*args))
+        per_token = torch.cat([p for p, _ in parts])
+        entropy = torch.cat([e for _, e in parts]) if with_entropy else None
+    return per_token.view(shape), entropy.view(shape) if with_entropy else None
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

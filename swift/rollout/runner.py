@@ -29,10 +29,11 @@ class Trajectory:
 
 
 def _logprobs(choice) -> list[float]:
-    """The sampler's log-prob of each sampled token (NaN for the end token, whose is not reported)."""
+    """The sampler's log-prob of each sampled token, the end token's included (NaN where unknown)."""
     values = [lp.logprob for lp in choice.logprobs or []]
-    values += [float("nan")] * (len(choice.sampled_token_ids()) - len(values))
-    return values
+    if choice.stop_token_id is not None:
+        values.append(float("nan") if choice.stop_logprob is None else choice.stop_logprob)
+    return values + [float("nan")] * (len(choice.sampled_token_ids()) - len(values))
 
 
 def single_turn(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,

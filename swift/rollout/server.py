@@ -95,9 +95,11 @@ class _Worker:
     def generate(self, prompts: list, config: dict) -> dict:
         requests = [InferRequest(input_ids=p) if isinstance(p, list) else InferRequest(prompt=p) for p in prompts]
         responses = self.engine.infer(requests, RequestConfig(**config))
+        # as TRL's server: every sampled token, the end token included, each with its log-prob
         return {"prompt_ids": [self.engine.encode(r) for r in requests],
-                "completion_ids": [c.token_ids for r in responses for c in r.choices],
-                "logprobs": [[lp.logprob for lp in c.logprobs or []] for r in responses for c in r.choices]}
+                "completion_ids": [c.sampled_token_ids() for r in responses for c in r.choices],
+                "logprobs": [[lp.logprob for lp in c.logprobs or []] + ([c.stop_logprob] if c.stop_token_id is not None
+                                                                        else []) for r in responses for c in r.choices]}
 
     def init_communicator(self, host: str, port: int, world_size: int, timeout: float) -> None:
         self.group = WeightGroup(host, port, self.rank, world_size, timeout, self.device)

@@ -11,6 +11,7 @@ those passes as steps."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 from collections import deque
@@ -22,6 +23,7 @@ from transformers import DynamicCache
 
 from swift.infer.protocol import RequestConfig
 from swift.rlhf.grpo import compute_advantages, high_entropy_mask, nanstd
+from swift.rlhf.logps import head_logps, hidden_states_out, plain_head
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
 from swift.trainers.rlhf import RLHFTrainer
@@ -65,19 +67,28 @@ def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool
     """Per-token log-probs and entropies ([B, Lc]) of the completion tokens under the sampling
     distribution (logits / temperature), from left-padded prompts and right-padded completions.
     `group_size` n > 1: rows come in groups of n with the same prompt, which is then run once per
-    group (its keys and values are shared by the group's completions, gradients included)."""
+    group (its keys and values are shared by the group's completions, gradients included). With a
+    plain output layer the model returns hidden states and the vocabulary is projected in chunks
+    (`swift.rlhf.logps.head_logps`)."""
     completion = batch["completion_ids"]
-    chunks = _shared_prompt_logits(model, batch, group_size) if group_size > 1 else None
-    if chunks is None:
-        ids = torch.cat([batch["prompt_ids"], completion], dim=1)
-        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-        chunks = [model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                        logits_to_keep=completion.size(1) + 1, use_cache=False).logits[:, :-1]]
+    head = plain_head(model)
+    with hidden_states_out(model) if head is not None else contextlib.nullcontext():
+        chunks = _shared_prompt_logits(model, batch, group_size) if group_size > 1 else None
+        if chunks is None:
+            ids = torch.cat([batch["prompt_ids"], completion], dim=1)
+            mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+            chunks = [model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                            logits_to_keep=completion.size(1) + 1, use_cache=False).logits[:, :-1]]
     tokens, entropies, start = [], [], 0
     for logits in chunks:  # consecutive completion positions; scored apart so the logits are never copied whole
         target = completion[:, start:start + logits.size(1)]
         start += logits.size(1)
+        if head is not None:  # `logits` are hidden states
+            token, entropy = head_logps(logits, head, target, temperature or 1.0, with_entropy)
+            tokens.append(token)
+            entropies.append(entropy)
+            continue
         logits = logits.float()
         if temperature and temperature != 1.0:
             logits = logits / temperature
@@ -93,8 +104,9 @@ def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool
 
 
 def _shared_prompt_logits(model, batch: dict, n: int) -> list[torch.Tensor] | None:
-    """Logits predicting each completion token, in two consecutive chunks, with every group's
-    prompt run once; None when the rows do not come in groups of n identical prompts."""
+    """Logits (hidden states, inside `hidden_states_out`) predicting each completion token, in two
+    consecutive chunks, with every group's prompt run once; None when the rows do not come in
+    groups of n identical prompts."""
     prompt, prompt_mask, completion = batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"]
     rows = prompt.size(0)
     if rows % n:
@@ -168,8 +180,10 @@ class GRPOTrainer(RLHFTrainer):
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        return RepeatBatchSampler(len(dataset), self.args.per_device_train_batch_size, self.rlhf_args.num_iterations,
-                                  self.args.world_size, self.args.seed, block=self.steps_per_generation)
+        self._sampler = RepeatBatchSampler(len(dataset), self.args.per_device_train_batch_size,
+                                           self.rlhf_args.num_iterations, self.args.world_size, self.args.seed,
+                                           block=self.steps_per_generation)
+        return self._sampler
 
     def get_train_dataloader(self):
         # a "sample" is a prompt; the configured batch size counts completions
@@ -210,6 +224,9 @@ class GRPOTrainer(RLHFTrainer):
                              "GRPO loop's state); it was not saved by swift rlhf --rlhf_type grpo")
         state = torch.load(path, weights_only=False)  # written by _save_checkpoint above
         self._uses = self._fetched = state["uses"]
+        # the HF loop's set_epoch does not reach the sampler through accelerate's shard-and-skip
+        # wrappers on several ranks; the sampler draws its order on this first read, so set it here
+        self._sampler.epoch = int(self.state.epoch or 0)
         self._buffer = state["buffer"]
         if state["pending"] is not None:
             done: concurrent.futures.Future = concurrent.futures.Future()
@@ -417,7 +434,10 @@ class GRPOTrainer(RLHFTrainer):
         """How many rows share each prompt forward: num_generations, unless the model is wrapped
         (DDP/DeepSpeed expect one forward per backward) or recomputes activations."""
         unwrapped = self.accelerator.unwrap_model(model)
-        if unwrapped is not model or getattr(unwrapped, "is_gradient_checkpointing", False):
+        # several ranks: the training pass runs the wrapped model, so the old and reference log-probs
+        # (computed on the module itself) take the same plain path and round the same way
+        if self.accelerator.num_processes > 1 or unwrapped is not model \
+                or getattr(unwrapped, "is_gradient_checkpointing", False):
             return 1
         return self.num_generations
 

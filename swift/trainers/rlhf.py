@@ -19,14 +19,33 @@ from tqdm import tqdm
 from transformers import Trainer
 
 from swift.infer.protocol import InferRequest, RequestConfig
-from swift.rlhf.logps import IGNORE_INDEX, SequenceLogps, labelled_positions, step_token_counts, target_logps
+from swift.rlhf.logps import (IGNORE_INDEX, SequenceLogps, head_logps, hidden_states_out, labelled_positions,
+                              plain_head, step_token_counts, target_logps)
 
 
 def forward_logps(model, inputs: dict, keep: torch.Tensor, whole_sequence: bool = False) -> SequenceLogps:
     """Log-probs of the labels, projecting to the vocabulary only where a label follows (`logits_to_keep`).
-    With `whole_sequence`, every position is projected and every token's log-prob is summed as well."""
-    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                   logits_to_keep=0 if whole_sequence else keep, use_cache=False).logits
+    With `whole_sequence`, every position is projected and every token's log-prob is summed as well.
+    Models with a plain output layer never hold the whole logits (`swift.rlhf.logps.head_logps`)."""
+    forward = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                   logits_to_keep=0 if whole_sequence else keep, use_cache=False)
+    if plain_head(model) is not None:
+        with hidden_states_out(model) as head:
+            hidden = model(**forward).logits
+        labels = inputs["labels"][:, 1:]
+        if not whole_sequence:
+            targets = labels[:, keep]
+            return SequenceLogps(head_logps(hidden, head, targets)[0].sum(-1), (targets != IGNORE_INDEX).sum(-1))
+        # every token's log-prob; labels copy the input ids where set, so theirs are among them
+        tokens = inputs["input_ids"][:, 1:].masked_fill(inputs["attention_mask"][:, 1:] == 0, IGNORE_INDEX)
+        per_token = head_logps(hidden[:, :-1], head, tokens)[0]
+        labelled = labels != IGNORE_INDEX
+        if torch.equal(labels[labelled], tokens[labelled]):
+            sums = (per_token * labelled).sum(-1)
+        else:
+            sums = head_logps(hidden[:, :-1], head, labels)[0].sum(-1)
+        return SequenceLogps(sums, labelled.sum(-1), per_token.sum(-1), (tokens != IGNORE_INDEX).sum(-1))
+    logits = model(**forward).logits
     if not whole_sequence:
         return SequenceLogps(*target_logps(logits, inputs["labels"][:, 1:][:, keep])[:2])
     sums, lengths, _ = target_logps(logits[:, :-1], inputs["labels"][:, 1:])
@@ -215,5 +234,7 @@ class DistillTrainer(RLHFTrainer):
             nll = F.cross_entropy(student[mask].float(), targets[mask])
             loss = loss + self.rlhf_args.sft_alpha * nll
             metrics["sft_loss"] = nll.item()
+        if inputs.get("token_counts") is not None:  # both terms are token means: over the whole step's tokens
+            loss = loss * mask.sum() / inputs["token_counts"][2].clamp(min=1)
         metrics["on_policy"] = float(bool(inputs.get("on_policy")))
         return loss, metrics

@@ -3,6 +3,7 @@ GA=k × batch B/k gives the same logged loss and the same weights after one opti
 for every algorithm, offline and online, through `rlhf_main` (the trainer's own call path). Plain SGD with
 learning rate 1 makes the weight change the accumulated gradient itself (Adam's first step would
 turn rounding noise in near-zero gradients into full-size updates)."""
+import copy
 import json
 import os
 
@@ -44,9 +45,10 @@ def test_offline_losses_do_not_depend_on_gradient_accumulation(tmp_path, rlhf_ty
 
 
 def test_dpo_with_lora_does_not_depend_on_gradient_accumulation(tmp_path):
-    # LoRA (dropout off: its masks depend on how the batch is split): the reference is the policy
-    # with its adapters disabled; only the adapter weights train
-    assert_same(tmp_path, "dpo", 8, 4, "--tuner_type", "lora", "--lora_rank", "4", "--lora_dropout", "0")
+    # LoRA with its default dropout, which --disable_dropout (on by default) turns off (dropout masks
+    # would depend on how the batch is split): the reference is the policy with its adapters
+    # disabled; only the adapter weights train
+    assert_same(tmp_path, "dpo", 8, 4, "--tuner_type", "lora", "--lora_rank", "4")
 
 
 @pytest.mark.parametrize("rlhf_type", ["orpo", "cpo", "simpo", "prm"])
@@ -63,8 +65,20 @@ def test_kto_does_not_depend_on_gradient_accumulation(tmp_path):
     assert_same(tmp_path, "kto", 8, 2)
 
 
-def test_gkd_does_not_depend_on_gradient_accumulation(tmp_path, tiny_dir):
-    assert_same(tmp_path, "gkd", 8, 4, "--teacher_model", tiny_dir, "--lmbda", "0")
+def test_gkd_does_not_depend_on_gradient_accumulation(tmp_path, tiny):
+    # a teacher that differs from the student (else the divergence and its gradient are 0), answers
+    # of 1 to 3 tokens, so the micro-batches' token counts differ; the JSD and the NLL term are
+    # means over the whole step's answer tokens
+    model, tokenizer, _ = tiny
+    teacher = copy.deepcopy(model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    teacher.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    assert_same(tmp_path, "gkd", 8, 4, "--teacher_model", str(tmp_path / "teacher"), "--lmbda", "0",
+                "--sft_alpha", "0.5")
 
 
 
