@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import swift.rlhf.logps as logps
-from swift.trainers.grpo import token_logps
+from swift.trainers.completion_logps import token_logps
 from swift.trainers.rlhf import forward_logps
 
 

@@ -77,7 +77,7 @@ def test_policy_loss_equals_trl(trl_setup, tiny_dir, tmp_path, loss_type, level)
     rollout builds, dapo's step token count included) against TRL's `_compute_loss`."""
     from swift.pipelines.base import resolve_args
     from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
-    from swift.trainers.grpo import token_logps
+    from swift.trainers.completion_logps import token_logps
 
     trainer, model, inputs = trl_setup
     trainer.loss_type, trainer.importance_sampling_level = loss_type, level
@@ -116,7 +116,7 @@ def test_shared_prompt_forward_equals_the_plain_one(tiny, lora):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from swift.trainers.grpo import _shared_prompt_logits, token_logps
+    from swift.trainers.completion_logps import _shared_prompt_logits, token_logps
 
     model, _, _ = tiny
     model = AutoModelForCausalLM.from_config(model.config)

@@ -1,0 +1,80 @@
+"""Per-token log-probs and entropies of sampled completions (the GRPO loss's inputs), with each
+group's shared prompt run once and, for plain output layers, the vocabulary projected in chunks."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers import DynamicCache
+
+from swift.rlhf.logps import head_logps, hidden_states_out, plain_head
+
+
+def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool = True,
+                group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs and entropies ([B, Lc]) of the completion tokens under the sampling
+    distribution (logits / temperature), from left-padded prompts and right-padded completions.
+    `group_size` n > 1: rows come in groups of n with the same prompt, which is then run once per
+    group (its keys and values are shared by the group's completions, gradients included). With a
+    plain output layer the model returns hidden states and the vocabulary is projected in chunks
+    (`swift.rlhf.logps.head_logps`)."""
+    completion = batch["completion_ids"]
+    head = plain_head(model)
+    with hidden_states_out(model) if head is not None else contextlib.nullcontext():
+        chunks = _shared_prompt_logits(model, batch, group_size) if group_size > 1 else None
+        if chunks is None:
+            ids = torch.cat([batch["prompt_ids"], completion], dim=1)
+            mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+            chunks = [model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                            logits_to_keep=completion.size(1) + 1, use_cache=False).logits[:, :-1]]
+    tokens, entropies, start = [], [], 0
+    for logits in chunks:  # consecutive completion positions; scored apart so the logits are never copied whole
+        target = completion[:, start:start + logits.size(1)]
+        start += logits.size(1)
+        if head is not None:  # `logits` are hidden states
+            token, entropy = head_logps(logits, head, target, temperature or 1.0, with_entropy)
+            tokens.append(token)
+            entropies.append(entropy)
+            continue
+        logits = logits.float()
+        if temperature and temperature != 1.0:
+            logits = logits / temperature
+        if not with_entropy:
+            tokens.append(-torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
+                                                             reduction="none").view_as(target))
+            continue
+        logp = logits.log_softmax(-1)  # shared by the token log-probs and the entropy
+        tokens.append(logp.gather(-1, target[..., None]).squeeze(-1))
+        with torch.no_grad():
+            entropies.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(tokens, dim=1), torch.cat(entropies, dim=1) if with_entropy else None
+
+
+def _shared_prompt_logits(model, batch: dict, n: int) -> list[torch.Tensor] | None:
+    """Logits (hidden states, inside `hidden_states_out`) predicting each completion token, in two
+    consecutive chunks, with every group's prompt run once; None when the rows do not come in
+    groups of n identical prompts."""
+    prompt, prompt_mask, completion = batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"]
+    rows = prompt.size(0)
+    if rows % n:
+        return None
+    lead = torch.arange(0, rows, n, device=prompt.device)
+    if not (torch.equal(prompt.view(-1, n, prompt.size(1)), prompt[lead, None].expand(-1, n, -1))
+            and torch.equal(prompt_mask.view(-1, n, prompt.size(1)), prompt_mask[lead, None].expand(-1, n, -1))):
+        return None
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    head = model(input_ids=prompt[lead], attention_mask=prompt_mask[lead], position_ids=positions[lead],
+                 past_key_values=cache, use_cache=True, logits_to_keep=1).logits  # predicts completion token 0
+    cache.batch_repeat_interleave(n)
+    head = head.repeat_interleave(n, dim=0)
+    if completion.size(1) == 1:
+        return [head]
+    # the last completion token predicts nothing we score, so it is not fed
+    tail_ids = completion[:, :-1]
+    mask = torch.cat([prompt_mask, batch["completion_mask"][:, :-1]], dim=1)
+    tail_positions = positions[:, -1:] + 1 + torch.arange(tail_ids.size(1), device=prompt.device)
+    tail = model(input_ids=tail_ids, attention_mask=mask, position_ids=tail_positions, past_key_values=cache,
+                 use_cache=True).logits
+    return [head, tail]
