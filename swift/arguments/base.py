@@ -72,7 +72,7 @@ class ComposedArguments:
         for part_name, cls in self.parts.items():
             part = getattr(self, part_name)
             for f in part_fields(cls):
-                if f.name in _NOT_SAVED or f.name.endswith("_token"):
+                if f.name in _NOT_SAVED or f.name.endswith(("_token", "api_key")):
                     continue
                 out[f.name] = _jsonable(getattr(part, f.name))
         return out

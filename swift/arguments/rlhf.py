@@ -136,6 +136,8 @@ class RlhfArguments:
                 "server at --vllm_server_host/--vllm_server_port)."})
     vllm_server_host: str = field(default="127.0.0.1", metadata={"help": "grpo server mode: the rollout server's host."})
     vllm_server_port: int = field(default=8000, metadata={"help": "grpo server mode: the rollout server's port."})
+    vllm_server_api_key: str | None = field(default=None, metadata={
+        "help": "grpo server mode: the rollout server's --api_key (vLLM or built-in engine alike)."})
     vllm_server_timeout: float = field(default=240.0, metadata={
         "help": "grpo server mode: seconds to wait for the server (startup, each request, each weight-sync step)."})
     weight_sync_bucket_mb: float = field(default=64.0, metadata={

@@ -75,14 +75,17 @@ def chat_request(body: dict, adapter: str | None) -> InferRequest:
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string", "messages")
         clean.append({"role": m["role"], "content": content})
-    return InferRequest(messages=clean, tools=body.get("tools"), adapter=adapter)
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise RequestError("'tools' must be a list of objects", "tools")
+    return InferRequest(messages=clean, tools=tools or None, adapter=adapter)
 
 
 def completion_request(body: dict, adapter: str | None) -> InferRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return InferRequest(input_ids=prompt, adapter=adapter)
     if not isinstance(prompt, str) or not prompt:
         raise RequestError("'prompt' must be a non-empty string (or a list of token ids)", "prompt")

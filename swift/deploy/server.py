@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swift.deploy import openai_api as api
+from swift.deploy.guard import Guard, ServingLimits, read_body
 from swift.deploy.openai_api import RequestError
 from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
@@ -22,51 +23,79 @@ def error(e: RequestError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-async def read_body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(f"request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object")
-    return body
-
-
-async def sse(engine: TransformersEngine, infer_request, config, model: str, chat: bool):
-    """Server-sent events: one chunk per streamed piece, then `data: [DONE]`."""
+async def sse(engine: TransformersEngine, infer_request, config, model: str, chat: bool, timeout: float):
+    """Server-sent events: one chunk per streamed piece, then `data: [DONE]`. Whatever goes wrong
+    (a bad request found late, an engine error, the request timeout), the stream ends with an
+    error event and `[DONE]`."""
     cid = api.new_id("chatcmpl" if chat else "cmpl")
     first = set()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    deltas = engine.stream_async(infer_request, config)
     try:
-        async for delta in engine.stream_async(infer_request, config):
+        while True:
+            try:
+                delta = await asyncio.wait_for(deltas.__anext__(), max(deadline - loop.time(), 0))
+            except StopAsyncIteration:
+                break
             if chat:
                 chunk = api.chat_chunk(cid, model, delta, delta.index not in first)
                 first.add(delta.index)
             else:
                 chunk = api.completion_chunk(cid, model, delta)
             yield f"data: {json.dumps(chunk)}\n\n"
+    except asyncio.TimeoutError:
+        yield f"data: {json.dumps(_timed_out(timeout).body())}\n\n"
     except SwiftError as e:
         yield f"data: {json.dumps(RequestError(str(e)).body())}\n\n"
+    except Exception as e:  # the client already has a 200: the error travels in the stream
+        logger.exception("stream failed")
+        yield f"data: {json.dumps(RequestError(f'generation failed: {type(e).__name__}: {e}', status=500).body())}\n\n"
+    finally:
+        await deltas.aclose()  # frees the request's rows in the engine
     yield "data: [DONE]\n\n"
 
 
+def add_http_error_handler(app: FastAPI) -> None:
+    """Unknown routes and wrong methods answer in the same JSON error shape as everything else."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_, e: StarletteHTTPException):
+        return error(RequestError(str(e.detail), status=e.status_code))
+
+
+def guard_of(app: FastAPI) -> Guard:
+    """The app's Guard instance (built when the app first serves)."""
+    stack = app.middleware_stack
+    while stack is not None and not isinstance(stack, Guard):
+        stack = getattr(stack, "app", None)
+    return stack
+
+
+def _timed_out(timeout: float) -> RequestError:
+    return RequestError(f"the request took longer than {timeout:g}s (--request_timeout)", status=504, code="timeout")
+
+
 def create_app(served_model_name: str, *, engine: TransformersEngine | None = None, scorer: RewardScorer | None = None,
-               adapters: dict[str, str] | None = None, api_key: str | None = None) -> FastAPI:
+               adapters: dict[str, str] | None = None, limits: ServingLimits | None = None) -> FastAPI:
     """Generation routes need `engine`; reward routes need `scorer` (a seq_cls model)."""
+    limits = limits or ServingLimits()
     app = FastAPI(title="swift deploy")
     models = [served_model_name, *(adapters or {})]
 
+    # refusals cost no body read and no route; each request is logged in one line
+    app.add_middleware(Guard, limits=limits, log_requests=True)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        start = time.time()
-        if api_key and request.url.path != "/health" and \
-                request.headers.get("authorization") != f"Bearer {api_key}":
-            response = error(RequestError("invalid or missing API key", status=401, code="invalid_api_key"))
-        else:
-            response = await call_next(request)
-        logger.info(f"{request.method} {request.url.path} {response.status_code} {1000 * (time.time() - start):.0f}ms")
-        return response
+    @app.exception_handler(RequestError)
+    async def request_error(_, e: RequestError):
+        return error(e)
 
+    @app.exception_handler(Exception)
+    async def server_error(_, e: Exception):
+        logger.error(f"deploy server error: {type(e).__name__}: {e}")
+        return error(RequestError(f"server error: {type(e).__name__}", status=500))
+
+    add_http_error_handler(app)
 
     def pick_adapter(body: dict) -> str | None:
         model = body.get("model") or served_model_name
@@ -77,7 +106,8 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        load = engine.load() if hasattr(engine, "load") else {}
+        return {"status": "ok", "requests_in_flight": guard_of(app).active, **load}
 
     @app.get("/v1/models")
     async def list_models():
@@ -92,16 +122,25 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
             adapter = pick_adapter(body)
             infer_request = api.chat_request(body, adapter) if chat else api.completion_request(body, adapter)
             config = api.request_config(body, chat)
+            limits.check(config)
             model = body.get("model") or served_model_name
-            if body.get("stream"):
+            # everything a request can get wrong is found here, before it joins a batch
+            try:
                 prompt = engine.encode(infer_request)
-                engine.check(prompt, config)
-                return StreamingResponse(sse(engine, infer_request, config, model, chat), media_type="text/event-stream")
-            result = await engine.infer_async(infer_request, config)
+            except Exception as e:  # a conversation the chat template cannot render
+                raise RequestError(f"the chat template cannot render this request: {type(e).__name__}: {e}",
+                                   "messages") from None
+            engine.check(prompt, config)
+            if body.get("stream"):
+                return StreamingResponse(sse(engine, infer_request, config, model, chat, limits.request_timeout),
+                                         media_type="text/event-stream")
+            result = await asyncio.wait_for(engine.infer_async(infer_request, config), limits.request_timeout)
         except RequestError as e:
             return error(e)
         except SwiftError as e:
             return error(RequestError(str(e)))
+        except asyncio.TimeoutError:
+            return error(_timed_out(limits.request_timeout))
         return api.chat_response(model, result) if chat else api.completion_response(model, result)
 
     @app.post("/v1/chat/completions")

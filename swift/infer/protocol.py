@@ -52,10 +52,11 @@ class RequestConfig:
             self.stop = [self.stop]
         checks = [
             (self.max_tokens >= 1, "max_tokens must be at least 1"),
-            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 <= self.temperature < float("inf"), "temperature must be a finite number >= 0"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (self.top_k >= 0, "top_k must be >= 0"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (0 < self.repetition_penalty < float("inf"), "repetition_penalty must be a finite number > 0"),
+            (self.seed is None or -2 ** 63 <= self.seed < 2 ** 63 - 2 ** 10, "seed must fit in 63 bits"),
             (1 <= self.n <= 128, "n must be between 1 and 128"),
             (0 <= self.top_logprobs <= 20, "top_logprobs must be between 0 and 20"),
         ]
@@ -124,6 +125,7 @@ class InferEngine(abc.ABC):
     tokenizer: Any
     template: Any
     max_model_len: int
+    vocab_size: int | None = None  # token ids at or above it are refused
 
     def encode(self, request: InferRequest) -> list[int]:
         """Prompt token ids of a request (conversations get the template's generation prompt)."""
@@ -134,6 +136,12 @@ class InferEngine(abc.ABC):
         return self.template.encode_prompt(request.messages, tools=request.tools)
 
     def check(self, prompt: list[int], config: RequestConfig) -> None:
+        """Refuse what would fail inside a batch: token ids outside the vocabulary, or a prompt and
+        answer longer than the context."""
+        bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or t < 0
+                    or (self.vocab_size is not None and t >= self.vocab_size)), None)
+        if bad is not None:
+            raise SwiftError(f"token id {bad!r} is not in the vocabulary (0..{(self.vocab_size or 0) - 1})")
         if len(prompt) + config.max_tokens > self.max_model_len:
             raise SwiftError(f"prompt ({len(prompt)} tokens) + max_tokens ({config.max_tokens}) exceeds the "
                              f"model's context of {self.max_model_len} tokens")

@@ -42,6 +42,8 @@ class _Job:
     cancelled: bool = False
     rows: list["_Row"] = field(default_factory=list)
     delivered: bool = False
+    streamed: bool = False  # a delta already reached the client
+    alone: bool = False  # its batch failed: it runs in a batch of its own
 
 
 @dataclass
@@ -77,6 +79,7 @@ class TransformersEngine(InferEngine):
         self.template = template
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 2048)
+        self.vocab_size = model.get_input_embeddings().num_embeddings
         eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
@@ -84,6 +87,7 @@ class TransformersEngine(InferEngine):
         self._pending: deque[_Job] = deque()
         self._wake = threading.Condition()
         self._closed = False
+        self._running = 0
         self._thread = threading.Thread(target=self._worker, daemon=True, name="swift-engine")
         self._thread.start()
         _LIVE_ENGINES.add(self)
@@ -98,7 +102,8 @@ class TransformersEngine(InferEngine):
             pending, self._pending = list(self._pending), deque()
             self._wake.notify_all()
         for job in pending:
-            job.deliver(SwiftError("the inference engine was closed"))
+            if not job.cancelled:  # a cancelled job's caller is gone (its event loop may be closed)
+                job.deliver(SwiftError("the inference engine was closed"))
         if self._thread is not threading.current_thread():
             self._thread.join()
 
@@ -181,7 +186,7 @@ class TransformersEngine(InferEngine):
                     future.set_exception(result)
                 else:
                     future.set_result(result)
-            loop.call_soon_threadsafe(settle)
+            _call_soon(loop, settle)
 
         job = self._submit(request, config, deliver)
         try:
@@ -195,9 +200,9 @@ class TransformersEngine(InferEngine):
 
         def deliver(result):
             if isinstance(result, BaseException):
-                loop.call_soon_threadsafe(queue.put_nowait, result)
+                _call_soon(loop, queue.put_nowait, result)
 
-        job = self._submit(request, config, deliver, lambda d: loop.call_soon_threadsafe(queue.put_nowait, d))
+        job = self._submit(request, config, deliver, lambda d: _call_soon(loop, queue.put_nowait, d))
         try:
             async for item in drain(queue, config.n):
                 yield item
@@ -214,9 +219,10 @@ class TransformersEngine(InferEngine):
             first = self._pending.popleft()
             batch, rows, rest = [first], first.config.n, deque()
             key = (first.config.batch_key(), first.adapter)
-            while self._pending:
+            while self._pending and not first.alone:
                 job = self._pending.popleft()
-                if (job.config.batch_key(), job.adapter) == key and rows + job.config.n <= self.max_batch_size:
+                if (not job.alone and (job.config.batch_key(), job.adapter) == key
+                        and rows + job.config.n <= self.max_batch_size):
                     batch.append(job)
                     rows += job.config.n
                 else:
@@ -224,21 +230,50 @@ class TransformersEngine(InferEngine):
             self._pending.extendleft(reversed(rest))
             return [j for j in batch if not j.cancelled]
 
+    def load(self) -> dict[str, int]:
+        """Requests waiting for a batch, and requests in the batch being decoded."""
+        return {"queued": len(self._pending), "running": self._running}
+
     def _worker(self) -> None:
         while (jobs := self._next_batch()) is not None:
             if not jobs:
                 continue
+            self._running = len(jobs)
             try:
                 self._set_adapter(jobs[0].adapter or self.default_adapter)
                 with torch.inference_mode():
                     self._generate(jobs)
-            except Exception as e:  # keep serving: the error goes to the callers of this batch
-                if not self._closed:
-                    logger.exception("generation failed")
-                for job in jobs:
-                    if not job.delivered:
-                        job.delivered = True
-                        job.deliver(e)
+            except Exception as e:  # keep serving; the error goes to the request that caused it
+                self._isolate(jobs, e)
+            finally:
+                self._running = 0
+
+    def _isolate(self, jobs: list[_Job], error: Exception) -> None:
+        """A batch failed. Alone, the request fails; in company, each request that has sent its
+        client nothing yet runs again in a batch of its own, so only the one that fails alone gets
+        the error (a stream that already sent text cannot be replayed: it gets the error)."""
+        undone = [j for j in jobs if not j.delivered and not j.cancelled]
+        retry = [j for j in undone if len(jobs) > 1 and not j.streamed and not self._closed]
+        if not self._closed:
+            if retry:
+                logger.warning(f"a batch of {len(jobs)} requests failed ({type(error).__name__}: {error}); "
+                               f"running {len(retry)} of them alone")
+            else:
+                logger.exception("generation failed", exc_info=error)
+        for job in undone:
+            if job not in retry:
+                self._fail(job, error)
+        with self._wake:
+            for job in reversed(retry):
+                job.rows, job.alone = [], True
+                self._pending.appendleft(job)
+            self._wake.notify()
+
+    @staticmethod
+    def _fail(job: _Job, error: BaseException) -> None:
+        if not job.delivered:
+            job.delivered = job.cancelled = True  # its rows leave the batch
+            job.deliver(error)
 
     def _set_adapter(self, name: str | None) -> None:
         if hasattr(self.model, "peft_config"):
@@ -296,7 +331,13 @@ class TransformersEngine(InferEngine):
                 processed = self.processed_logprobs and cfg.temperature > 0
                 logprobs = torch.log_softmax(scored / cfg.temperature if processed else logits, -1)
             for i, (row, token) in enumerate(zip(rows, next_tokens.tolist())):
-                self._advance(row, token, logprobs[i] if logprobs is not None else None, stop_len)
+                if row.job.cancelled:
+                    continue
+                try:
+                    self._advance(row, token, logprobs[i] if logprobs is not None else None, stop_len)
+                except Exception as e:  # this row's request fails; its batch mates go on
+                    logger.exception("a request failed while decoding")
+                    self._fail(row.job, e)
             keep = [i for i, r in enumerate(rows) if r.finish is None and not r.job.cancelled]
             for job in jobs:
                 self._maybe_deliver(job)
@@ -362,6 +403,7 @@ class TransformersEngine(InferEngine):
             if row.text.endswith("\ufffd") and not row.finish:  # half of a multi-byte character
                 safe = min(safe, len(row.text) - 1)
             if safe > row.sent or row.finish:
+                row.job.streamed = True
                 row.job.on_delta(StreamDelta(row.index, row.text[row.sent:safe], [token] if token not in self.eos_ids else [],
                                              row.finish, row.logprobs[-1:] if cfg.logprobs and token not in self.eos_ids else None))
                 row.sent = safe
@@ -385,6 +427,14 @@ class TransformersEngine(InferEngine):
 _FAST_CHECK_STEPS = 2  # decoding steps compared with the model's forward before the fast path is trusted
 _LIVE_ENGINES: "weakref.WeakSet[TransformersEngine]" = weakref.WeakSet()
 atexit.register(lambda: [engine.close() for engine in list(_LIVE_ENGINES)])
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    """Hand a result to the caller's event loop; once that loop is closed nobody waits for it."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
 
 
 def _generator(seed: int | None, index: int, device: torch.device) -> torch.Generator | None:

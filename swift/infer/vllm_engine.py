@@ -70,6 +70,7 @@ class VllmEngine(InferEngine):
 
         self.engine = asyncio.run_coroutine_threadsafe(create(), self._loop).result()
         self.max_model_len = self.engine.model_config.max_model_len
+        self.vocab_size = self.engine.model_config.get_vocab_size()
         self._ids = itertools.count()
         self.eos_ids = eos_token_ids(tokenizer, model_dir)
 

@@ -8,6 +8,7 @@ from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import TemplateArguments
+from swift.deploy.guard import ServingLimits
 from swift.pipelines.base import resolve_args
 from swift.utils.registry import SwiftError
 
@@ -16,7 +17,6 @@ from swift.utils.registry import SwiftError
 class ServerArguments:
     host: str = field(default="127.0.0.1", metadata={"help": "Address to bind (loopback unless told otherwise)."})
     port: int = field(default=8000, metadata={"help": "Port to listen on."})
-    api_key: str | None = field(default=None, metadata={"help": "Require 'Authorization: Bearer <key>' on /v1 routes."})
     served_model_name: str | None = field(default=None, metadata={"help": "Model name clients use (default: --model)."})
     log_level: str = field(default="info", metadata={"help": "uvicorn log level."})
 
@@ -33,6 +33,7 @@ class DeployArguments(ComposedArguments):
         "template_args": TemplateArguments,
         "engine_args": EngineArguments,
         "server_args": ServerArguments,
+        "serving_limits": ServingLimits,
     }
 
 
@@ -45,12 +46,12 @@ def deploy_main(args: DeployArguments | list[str] | None = None) -> None:
     a = resolve_args(DeployArguments, args, "swift deploy")
     name = a.served_model_name or (a.model or "model").rstrip("/").split("/")[-1]
     if a.task_type == "seq_cls":
-        app = create_app(name, scorer=build_scorer(a), api_key=a.api_key)
+        app = create_app(name, scorer=build_scorer(a), limits=a.serving_limits)
         uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
         return
     engine, adapters = build_engine(a)
     try:
-        uvicorn.run(create_app(name, engine=engine, adapters=adapters, api_key=a.api_key),
+        uvicorn.run(create_app(name, engine=engine, adapters=adapters, limits=a.serving_limits),
                     host=a.host, port=a.port, log_level=a.log_level)
     finally:
         engine.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -13,8 +14,11 @@ from swift.arguments.infer import EngineArguments, GenerationArguments
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import TemplateArguments
 from swift.pipelines.base import resolve_args
-from swift.utils.io import write_json
+from swift.utils.io import write_json, write_jsonl
+from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
 
 COMMANDS = "commands: clear (new conversation), reset-system, multi-line (end input with '#'), exit"
 
@@ -26,7 +30,7 @@ class InferOptions:
     result_path: str | None = field(default=None, metadata={"help": "Batch mode output jsonl (default: infer_result.jsonl)."})
     metric: str | None = field(default=None, metadata={"help": "Batch mode score per row against the reference: acc or rouge."})
     stream: bool = field(default=True, metadata={"help": "Interactive mode: print tokens as they are generated."})
-    strict: bool = field(default=False, metadata={"help": "Stop on a bad dataset row instead of dropping it."})
+    strict: bool = field(default=False, metadata={"help": "Stop at a bad row (one the dataset loader or the engine refuses) instead of skipping it."})
 
     def __post_init__(self) -> None:
         if isinstance(self.val_dataset, str):
@@ -53,6 +57,12 @@ def _adapter(adapters: dict[str, str]) -> str | None:
 
 
 def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any]:
+    """Every row of --val_dataset through the engine. Each result is appended to --result_path as
+    it finishes (so an interrupted run keeps what it did, and the same command again continues where
+    it stopped); a row the engine refuses is reported by file and row and skipped, or stops the run
+    with --strict. At the end the file is rewritten in dataset order and a summary is written."""
+    from dataclasses import asdict
+
     from swift.dataset.loader import load_rows
     from swift.infer.metrics import METRICS
     from swift.infer.protocol import InferRequest
@@ -63,43 +73,92 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     path = a.result_path or "infer_result.jsonl"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     score = METRICS.get(a.metric) if a.metric else None
+    run = {"val_dataset": list(a.val_dataset), "model": a.model, "adapters": list(a.adapters),
+           "generation": asdict(config), "num_rows": len(rows)}
+    done = _resume(path, run)
+    todo = [i for i in range(len(rows)) if i not in done]
+    if done:
+        logger.info(f"{path}: {len(done)} of {len(rows)} rows already done; continuing with the other {len(todo)}")
+    failed: list[str] = []
 
-    async def run_all():
-        bar = tqdm(total=len(rows), desc="infer")
+    async def run_all(out):
+        bar = tqdm(total=len(rows), initial=len(done), desc="infer")
 
-        async def one(row):
-            messages = row["messages"]
+        async def one(i):
+            messages = rows.rows[i]["messages"]
             reference = messages[-1]["content"] if messages[-1]["role"] == "assistant" else None
             prompt = messages[:-1] if reference is not None else messages
-            response = await engine.infer_async(InferRequest(messages=prompt, tools=row.get("tools"), adapter=adapter),
-                                                config)
-            bar.update()
-            return prompt, reference, response
-
-        results = await asyncio.gather(*(one(r) for r in rows.rows))
-        bar.close()
-        return results
-
-    results = asyncio.run(run_all())
-    import json
-
-    total, scored = 0.0, 0
-    with open(path, "w", encoding="utf-8") as f:
-        for prompt, reference, response in results:
+            try:
+                response = await engine.infer_async(
+                    InferRequest(messages=prompt, tools=rows.rows[i].get("tools"), adapter=adapter), config)
+            except SwiftError as e:
+                if a.strict:
+                    raise SwiftError(f"{rows.origins[i]}: {e} (results so far are in {path}; run with --strict "
+                                     "false to skip such rows)") from None
+                logger.warning(f"{rows.origins[i]}: {e} (row skipped)")
+                failed.append(rows.origins[i])
+                bar.update()
+                return
             text = response.choices[0].text
-            line = {"messages": prompt, "response": text, "reference": reference,
-                    "finish_reason": response.choices[0].finish_reason, "usage": response.usage}
+            line = {"index": i, "origin": rows.origins[i], "messages": prompt, "response": text,
+                    "reference": reference, "finish_reason": response.choices[0].finish_reason,
+                    "usage": response.usage}
             if score is not None and reference is not None:
                 line[a.metric] = score(text, reference)
-                total += line[a.metric]
-                scored += 1
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
-    summary = {"result_path": path, "num_rows": len(results)}
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            out.flush()
+            done[i] = line
+            bar.update()
+
+        tasks = [asyncio.ensure_future(one(i)) for i in todo]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()  # on --strict's first error the other rows stop; their results are not lost
+            bar.close()
+
+    with open(path, "a", encoding="utf-8") as out:
+        asyncio.run(run_all(out))
+    lines = [done[i] for i in sorted(done)]
+    write_jsonl(path + ".tmp", lines)  # dataset order, replaced atomically
+    os.replace(path + ".tmp", path)
+    summary = {"result_path": path, "num_rows": len(lines), "num_failed": len(failed)}
+    if failed:
+        summary["failed"] = failed
     if score is not None:
-        summary[a.metric] = total / max(scored, 1)
+        scored = [line[a.metric] for line in lines if a.metric in line]
+        summary[a.metric] = sum(scored) / max(len(scored), 1)
     write_json(os.path.splitext(path)[0] + "_summary.json", summary)
     print(json.dumps(summary))
     return summary
+
+
+def _resume(path: str, run: dict) -> dict[int, dict]:
+    """Results already in `path` from the same run (same datasets, model, adapters and generation
+    settings, kept in `<path>_run.json`), by row index. Results of another run are never overwritten."""
+    meta = os.path.splitext(path)[0] + "_run.json"
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        write_json(meta, run)
+        return {}
+    previous = json.load(open(meta, encoding="utf-8")) if os.path.exists(meta) else None
+    if previous != run:
+        what = "no record of the run that wrote it" if previous is None else "results of another run (" + ", ".join(
+            k for k in run if previous.get(k) != run[k]) + " differ)"
+        raise SwiftError(f"--result_path {path} already exists with {what}; pass another --result_path, or delete "
+                         "the file to start again")
+    done, keep = {}, 0
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                break  # the last line of an interrupted run may be cut short
+            done[line["index"]] = line
+            keep += len(raw)
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+    return done
 
 
 def _read_query(multi_line: bool) -> str:

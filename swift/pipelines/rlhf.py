@@ -236,7 +236,7 @@ class RLHFPipeline(TrainPipeline):
             from swift.rollout.client import RolloutClient
 
             client = RolloutClient(a.vllm_server_host, a.vllm_server_port, timeout=a.vllm_server_timeout,
-                                   bucket_mb=a.weight_sync_bucket_mb)
+                                   bucket_mb=a.weight_sync_bucket_mb, api_key=a.vllm_server_api_key)
             if a.use_vllm and client.info["engine_type"] != "VllmEngine":
                 raise SwiftError(f"--use_vllm true --vllm_mode server, but the rollout server {client.url} runs "
                                  f"{client.info['engine_type']}: start it with --infer_backend vllm, or train with "

@@ -9,6 +9,7 @@ from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import TemplateArguments
+from swift.deploy.guard import ServingLimits
 from swift.pipelines.base import resolve_args
 from swift.utils.registry import SwiftError
 
@@ -28,6 +29,8 @@ class RolloutServerArguments:
         "help": "Python files imported by every worker first (schedulers registered in multi_turns)."})
     weight_sync_timeout: float = field(default=240.0, metadata={
         "help": "Seconds a worker waits for the trainer in a weight-sync collective before giving up."})
+    allow_any_store_host: bool = field(default=False, metadata={
+        "help": "Let /init_communicator/ name a store host other than the address the request came from."})
     log_level: str = field(default="warning", metadata={"help": "uvicorn log level."})
 
     def __post_init__(self) -> None:
@@ -47,6 +50,7 @@ class RolloutArguments(ComposedArguments):
         "template_args": TemplateArguments,
         "engine_args": EngineArguments,
         "server_args": RolloutServerArguments,
+        "serving_limits": ServingLimits,
     }
 
 

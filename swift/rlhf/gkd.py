@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
+from swift.rlhf import logps
 from swift.rlhf.base import ALGORITHMS, Algorithm
 
 
@@ -31,6 +34,36 @@ def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
         return _kl(s, t)
     mixture = torch.logsumexp(torch.stack([s + math.log1p(-beta), t + math.log(beta)]), dim=0)
     return beta * _kl(t, mixture) + (1 - beta) * _kl(s, mixture)
+
+
+def _chunk_losses(student_hidden, teacher_hidden, targets, student_weight, student_bias, teacher_weight, teacher_bias,
+                  beta: float, with_nll: bool):
+    student = F.linear(student_hidden, student_weight, student_bias)
+    teacher = F.linear(teacher_hidden, teacher_weight, teacher_bias)
+    jsd = generalized_jsd(student, teacher, beta)
+    nll = F.cross_entropy(student.float(), targets, reduction="none") if with_nll else torch.zeros_like(jsd)
+    return jsd, nll
+
+
+def head_losses(student_hidden: torch.Tensor, student_head: torch.nn.Linear, teacher_hidden: torch.Tensor,
+                teacher_head: torch.nn.Linear, targets: torch.Tensor, beta: float,
+                with_nll: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token JSD_β (and the student's NLL of `targets`) from hidden states ([tokens, H]) and the
+    two output layers, over chunks of tokens of at most `logps.CHUNK_ELEMENTS` logits each, every
+    chunk recomputed in the backward pass: the student's and teacher's full distributions exist one
+    chunk at a time. Equal to `generalized_jsd` on the whole logits (tests/rlhf/test_chunked_logps.py)."""
+    rows = max(1, logps.CHUNK_ELEMENTS // max(student_head.out_features, teacher_head.out_features))
+    parts = []
+    for start in range(0, targets.numel(), rows):
+        args = (student_hidden[start:start + rows], teacher_hidden[start:start + rows], targets[start:start + rows],
+                student_head.weight, student_head.bias, teacher_head.weight, teacher_head.bias, beta, with_nll)
+        parts.append(checkpoint(_chunk_losses, *args, use_reentrant=False) if torch.is_grad_enabled()
+                     else _chunk_losses(*args))
+    if not parts:
+        empty = student_hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty if with_nll else None
+    jsd = torch.cat([j for j, _ in parts])
+    return jsd, torch.cat([n for _, n in parts]) if with_nll else None
 
 
 def batch_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, a) -> tuple[torch.Tensor, dict]:

@@ -55,10 +55,12 @@ class RolloutClient:
     InferEngine a trainer uses: `rollout`, `sync_weights`, `close`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 8000, *, timeout: float = 240.0,
-                 bucket_mb: float = 64.0, connect_timeout: float | None = None):
+                 bucket_mb: float = 64.0, connect_timeout: float | None = None, api_key: str | None = None):
         self.host, self.port, self.timeout, self.bucket_mb = host, port, timeout, bucket_mb
         self.url = f"http://{host}:{port}"
         self.session = requests.Session()
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
         self.group: WeightGroup | None = None
         self.wait_healthy(timeout if connect_timeout is None else connect_timeout)
         self.info = self._post("/get_engine_type/", {})
@@ -121,7 +123,10 @@ class RolloutClient:
     def init_communicator(self) -> None:
         host, port = _local_address(self.host), _free_port()
         world = self.world_size + 1
-        self._post("/init_communicator/", {"host": host, "port": port, "world_size": world, "timeout": self.timeout})
+        answer = self._post("/init_communicator/", {"host": host, "port": port, "world_size": world,
+                                                    "timeout": self.timeout})
+        # every later weight-sync call proves this trainer holds the communicator
+        self.session.headers["X-Session-Token"] = answer["session_token"]
         device = "cuda" if self.info.get("cuda") and torch.cuda.is_available() else "cpu"
         self.group = WeightGroup(host, port, world - 1, world, self.timeout, device)
 
@@ -161,3 +166,4 @@ class RolloutClient:
                 logger.warning(str(e))
             self.group.close()
             self.group = None
+            self.session.headers.pop("X-Session-Token", None)

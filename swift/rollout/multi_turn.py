@@ -52,6 +52,9 @@ class MultiTurnScheduler:
     def release(self, infer_request: RolloutInferRequest) -> None:
         """Forget what was kept for this trajectory (called once, when its rollout ends)."""
 
+    def check_request(self, infer_request: RolloutInferRequest) -> None:
+        """Refuse (SwiftError) a request this scheduler cannot run, before anything is generated."""
+
 
 multi_turns: Registry[type] = Registry("multi-turn scheduler")
 
@@ -126,13 +129,26 @@ class GymScheduler(MultiTurnScheduler):
         self.default_env = env
         self._envs: dict[int, tuple[Env, list]] = {}
 
+    def _env_class(self, request) -> type:
+        """The row's `env` names a registered environment only (rows are data: they never pick code
+        to import); `--gym_env`, given by whoever starts the run, may also be a module:Class path."""
+        name = request.data_dict.get("env")
+        if name is not None:
+            if not isinstance(name, str) or name not in envs:
+                raise SwiftError(f"env {name!r} is not a registered environment (registered: "
+                                 f"{', '.join(sorted(envs))}); register others in an --external_plugins file")
+            return envs.get(name)
+        if not self.default_env:
+            raise SwiftError("the gym scheduler needs an 'env' column or --gym_env")
+        return envs.get(self.default_env)
+
+    def check_request(self, infer_request):
+        self._env_class(infer_request)
+
     def _env(self, request):
         key = request.uid
         if key not in self._envs:
-            name = request.data_dict.get("env") or self.default_env
-            if not name:
-                raise SwiftError("the gym scheduler needs an 'env' column or --gym_env")
-            env = envs.get(name)()
+            env = self._env_class(request)()
             env.reset(request.data_dict)
             self._envs[key] = (env, [])
             request.rollout_infos["gym_reward"] = 0.0

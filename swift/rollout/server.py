@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ipaddress
 import itertools
 import multiprocessing
 import os
-import socket
+import secrets
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from swift.deploy.guard import Guard, ServingLimits, read_body
 from swift.deploy.openai_api import RequestError
-from swift.deploy.server import read_body
+from swift.deploy.server import add_http_error_handler
 from swift.infer.factory import build_vllm_engine, load_for_serving
 from swift.infer.protocol import InferRequest, RequestConfig
 from swift.infer.transformers_engine import TransformersEngine
@@ -37,8 +39,10 @@ from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 
-CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "n", "seed", "stop", "logprobs",
-               "top_logprobs")
+# request_config fields a client may set, with the JSON types each accepts
+CONFIG_TYPES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "repetition_penalty": float,
+                "n": int, "seed": int, "stop": list, "logprobs": bool, "top_logprobs": int}
+SESSION_HEADER = "x-session-token"
 
 
 # -- the worker process ----------------------------------------------------------------------------
@@ -74,11 +78,22 @@ class _Worker:
             dtype = self.engine.engine.model_config.dtype
         return {"engine_type": type(self.engine).__name__, "shapes": self.engine.weight_shapes(),
                 "dtype": str(dtype).removeprefix("torch."), "enable_multi_turn": self.scheduler is not None,
-                "cuda": torch.cuda.is_available()}
+                "cuda": torch.cuda.is_available(), "vocab_size": self.engine.vocab_size,
+                "max_model_len": self.engine.max_model_len}
 
     def infer(self, requests: list[dict], config: dict, n: int, max_completion_length: int | None) -> list[dict]:
         cfg = RequestConfig(**config)
-        trajectories = rollout(self.engine, self.engine.template, [RolloutInferRequest(**r) for r in requests], cfg, n,
+        requests = [RolloutInferRequest(**r) for r in requests]
+        first_turn = cfg if self.scheduler is None else replace(  # a multi-turn turn fits its budget
+            cfg, max_tokens=min(cfg.max_tokens, max_completion_length or cfg.max_tokens))
+        for i, r in enumerate(requests):  # before anything is generated
+            try:
+                self.engine.check(self.engine.template.encode_continuation(r.messages), first_turn)
+                if self.scheduler is not None:
+                    self.scheduler.check_request(r)
+            except Exception as e:  # a conversation the template cannot render is the request's fault too
+                raise SwiftError(f"infer_requests[{i}]: {e}") from None
+        trajectories = rollout(self.engine, self.engine.template, requests, cfg, n,
                                scheduler=self.scheduler,
                                max_completion_length=max_completion_length or cfg.max_tokens)
         out = []
@@ -146,9 +161,11 @@ def worker_main(args, rank: int, connection) -> None:
             break
         try:
             connection.send((cid, None, getattr(worker, method)(**kwargs)))
+        except SwiftError as e:  # the request's fault: the server answers 400
+            connection.send((cid, ("bad_request", str(e)), None))
         except Exception as e:
             logger.exception(f"worker {rank}: {method} failed")
-            connection.send((cid, f"{type(e).__name__}: {e}", None))
+            connection.send((cid, ("error", f"{type(e).__name__}: {e}"), None))
     worker.engine.close()
 
 
@@ -176,8 +193,13 @@ class WorkerHandle:
             except (EOFError, OSError):
                 break
             future = self._futures.pop(cid, None)
-            if future is not None:
-                future.set_exception(RuntimeError(err)) if err else future.set_result(result)
+            if future is None:
+                continue
+            if err is None:
+                future.set_result(result)
+            else:
+                kind, message = err if isinstance(err, tuple) else ("error", err)
+                future.set_exception(RequestError(message) if kind == "bad_request" else RuntimeError(message))
         self.alive = False
         for future in list(self._futures.values()):
             future.set_exception(RuntimeError(f"rollout worker {self.rank} exited"))
@@ -214,7 +236,9 @@ class RolloutServer:
         ctx = multiprocessing.get_context("spawn")
         self.workers = [WorkerHandle(args, rank, ctx) for rank in range(args.data_parallel_size)]
         self.info: dict = {}
-        self.communicator: dict | None = None
+        self.limits: ServingLimits = args.serving_limits
+        self.communicator: dict | None = None  # {"host", "port", "token"} of the trainer that holds it
+        self.communicator_lock = asyncio.Lock()
 
     def wait_ready(self) -> None:
         infos = []
@@ -254,31 +278,58 @@ class RolloutServer:
             self.communicator = None
 
 
-def _holder_gone(communicator: dict) -> bool:
-    """A trainer that died without closing its communicator no longer listens on its store port."""
+async def _holder_gone(communicator: dict) -> bool:
+    """A trainer that died without closing its communicator no longer listens on its store port
+    (probed without blocking the event loop)."""
     try:
-        socket.create_connection((communicator["host"], communicator["port"]), timeout=2).close()
+        _, writer = await asyncio.wait_for(asyncio.open_connection(communicator["host"], communicator["port"]), 2)
+        writer.close()
         return False
-    except OSError:
+    except (OSError, asyncio.TimeoutError):
         logger.warning(f"the trainer at {communicator['host']}:{communicator['port']} is gone; releasing its "
                        "weight-sync communicator")
         return True
+
+
+def _same_host(a: str, b: str | None) -> bool:
+    if b is None:
+        return False
+    try:
+        x, y = ipaddress.ip_address(a), ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
+    if x.version != y.version:  # ::ffff:1.2.3.4 is 1.2.3.4
+        x = getattr(x, "ipv4_mapped", None) or x
+        y = getattr(y, "ipv4_mapped", None) or y
+    return x == y or (x.is_loopback and y.is_loopback)
 
 
 def _config(body: dict) -> dict:
     raw = body.get("request_config") or {}
     if not isinstance(raw, dict):
         raise RequestError("request_config must be an object", "request_config")
-    config = {k: raw[k] for k in CONFIG_KEYS if raw.get(k) is not None}
+    config = {}
+    for key, kind in CONFIG_TYPES.items():
+        value = raw.get(key)
+        if value is None:
+            continue
+        ok = isinstance(value, bool) if kind is bool else (
+            not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind))
+        if not ok or (kind is list and not all(isinstance(x, str) for x in value)):
+            what = {int: "an integer", float: "a number", bool: "true or false", list: "a list of strings"}[kind]
+            raise RequestError(f"request_config.{key} must be {what}", f"request_config.{key}")
+        config[key] = value
     try:
         RequestConfig(**config)
-    except (SwiftError, TypeError) as e:
+    except SwiftError as e:
         raise RequestError(f"request_config: {e}", "request_config") from None
     return config
 
 
 def create_app(server: RolloutServer) -> FastAPI:
+    limits = server.limits
     app = FastAPI(title="swift rollout")
+    app.add_middleware(Guard, limits=limits)
 
     @app.exception_handler(RequestError)
     async def request_error(_, e: RequestError):
@@ -288,6 +339,15 @@ def create_app(server: RolloutServer) -> FastAPI:
     async def server_error(_, e: Exception):
         logger.error(f"rollout server error: {type(e).__name__}: {e}")
         return JSONResponse(RequestError(f"rollout server error: {e}", status=500).body(), status_code=500)
+
+    add_http_error_handler(app)
+
+    async def timed(work):
+        try:
+            return await asyncio.wait_for(work, limits.request_timeout)
+        except asyncio.TimeoutError:
+            raise RequestError(f"the request took longer than {limits.request_timeout:g}s (--request_timeout)",
+                               status=504, code="timeout") from None
 
     @app.get("/health/")
     @app.get("/health")
@@ -316,17 +376,23 @@ def create_app(server: RolloutServer) -> FastAPI:
         for i, r in enumerate(requests):
             messages = r.get("messages") if isinstance(r, dict) else None
             if not isinstance(messages, list) or not messages or not all(
-                    isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in messages):
                 raise RequestError(f"infer_requests[{i}].messages must be a non-empty list of "
-                                   "{role, content} objects", "infer_requests")
-            clean.append({"messages": messages, "data_dict": r.get("data_dict") or {},
-                          "rollout_infos": r.get("rollout_infos") or {}})
+                                   "{role, content} objects with string values", "infer_requests")
+            data_dict, infos = r.get("data_dict") or {}, r.get("rollout_infos") or {}
+            if not isinstance(data_dict, dict) or not isinstance(infos, dict):
+                raise RequestError(f"infer_requests[{i}]: data_dict and rollout_infos must be objects",
+                                   "infer_requests")
+            clean.append({"messages": messages, "data_dict": data_dict, "rollout_infos": infos})
         config = _config(body)
+        limits.check(RequestConfig(**config))
         n = config.pop("n", 1)
         limit = body.get("max_completion_length")
-        if limit is not None and (not isinstance(limit, int) or limit < 1):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise RequestError("max_completion_length must be a positive integer", "max_completion_length")
-        shares = await server.split("infer", "requests", clean, config=config, n=n, max_completion_length=limit)
+        shares = await timed(server.split("infer", "requests", clean, config=config, n=n,
+                                          max_completion_length=limit))
         trajectories = [t for share in shares for t in share]
         return [{"choices": trajectories[i * n:(i + 1) * n]} for i in range(len(clean))]
 
@@ -335,13 +401,25 @@ def create_app(server: RolloutServer) -> FastAPI:
         body = await read_body(request)
         prompts = body.get("prompts")
         if not isinstance(prompts, list) or not prompts or not all(
-                (isinstance(p, str) and p) or (isinstance(p, list) and p and all(isinstance(t, int) for t in p))
-                for p in prompts):
+                (isinstance(p, str) and p) or (isinstance(p, list) and p and all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in p)) for p in prompts):
             raise RequestError("prompts must be a non-empty list of strings or token-id lists", "prompts")
         if body.get("min_p") not in (None, 0, 0.0):
             raise RequestError("min_p is not supported by swift's engines; leave it unset or 0", "min_p")
         config = _config({"request_config": {**body, "logprobs": True}})
-        shares = await server.split("generate", "prompts", prompts, config=config)
+        cfg = RequestConfig(**config)
+        limits.check(cfg)
+        vocab, context = server.info["vocab_size"], server.info["max_model_len"]
+        for i, p in enumerate(prompts):  # token-id prompts are checked here, text ones by the workers
+            if isinstance(p, list):
+                bad = next((t for t in p if not 0 <= t < vocab), None)
+                if bad is not None:
+                    raise RequestError(f"prompts[{i}]: token id {bad} is not in the vocabulary (0..{vocab - 1})",
+                                       "prompts")
+                if len(p) + cfg.max_tokens > context:
+                    raise RequestError(f"prompts[{i}]: {len(p)} tokens + max_tokens {cfg.max_tokens} exceed the "
+                                       f"context of {context}", "prompts")
+        shares = await timed(server.split("generate", "prompts", prompts, config=config))
         return {key: [x for share in shares for x in share[key]] for key in ("prompt_ids", "completion_ids",
                                                                              "logprobs")}
 
@@ -351,63 +429,88 @@ def create_app(server: RolloutServer) -> FastAPI:
 
 def add_weight_sync_routes(app: FastAPI, server: RolloutServer) -> None:
     """/init_communicator/, /update_*/, /reset_prefix_cache/, /close_communicator/: the HTTP half of
-    a weight sync (the tensors travel over the group, see `swift.rollout.weight_sync`)."""
+    a weight sync (the tensors travel over the group, see `swift.rollout.weight_sync`). The trainer
+    that opens the communicator gets a session token; every later weight-sync call must carry it
+    in the `X-Session-Token` header."""
+
+    def holder(request: Request) -> None:
+        c = server.communicator
+        if c is None:
+            raise RequestError("no communicator: call /init_communicator/ first", status=409, code="no_communicator")
+        token = request.headers.get(SESSION_HEADER, "")
+        if not secrets.compare_digest(token.encode(), c["token"].encode()):
+            raise RequestError("only the trainer that opened the communicator may use it (missing or wrong "
+                               "X-Session-Token)", status=403, code="not_the_holder")
 
     @app.post("/init_communicator/")
     async def init_communicator(request: Request):
         body = await read_body(request)
         world_size = len(server.workers) + 1
-        if server.communicator is not None and not _holder_gone(server.communicator):
-            c = server.communicator
-            raise RequestError(f"a trainer ({c['host']}:{c['port']}) already holds the weight-sync communicator; "
-                               "it must call /close_communicator/ first", status=409, code="communicator_in_use")
         host, port = body.get("host"), body.get("port")
-        if not isinstance(host, str) or not isinstance(port, int) or not 0 < port < 65536:
+        if not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             raise RequestError("host (string) and port (1..65535) are required", "port")
+        client = request.client.host if request.client else None
+        if not server.args.allow_any_store_host and not _same_host(host, client):
+            raise RequestError(f"host {host!r} is not the address this request came from ({client}); the trainer "
+                               "hosts the store itself (start the server with --allow_any_store_host true to allow "
+                               "another address)", "host", status=403, code="store_host_not_allowed")
         if body.get("world_size") not in (None, world_size):
             raise RequestError(f"world_size must be {world_size} ({len(server.workers)} workers + the trainer), "
                                f"got {body.get('world_size')}", "world_size")
-        timeout = float(body.get("timeout") or server.args.weight_sync_timeout)
-        server.communicator = {"host": host, "port": port}
-        server.fire("init_communicator", host=host, port=port, world_size=world_size, timeout=timeout)
-        return {"message": "initialising communicator", "world_size": world_size}
+        timeout = body.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 < timeout <= 3600):
+            raise RequestError("timeout must be a number of seconds in (0, 3600]", "timeout")
+        async with server.communicator_lock:  # two trainers arriving together: one wins, one gets 409
+            if server.communicator is not None and not await _holder_gone(server.communicator):
+                c = server.communicator
+                raise RequestError(f"a trainer ({c['host']}:{c['port']}) already holds the weight-sync "
+                                   "communicator; it must call /close_communicator/ first", status=409,
+                                   code="communicator_in_use")
+            token = secrets.token_urlsafe(32)
+            server.communicator = {"host": host, "port": port, "token": token}
+        server.fire("init_communicator", host=host, port=port, world_size=world_size,
+                    timeout=float(timeout or server.args.weight_sync_timeout))
+        return {"message": "initialising communicator", "world_size": world_size, "session_token": token}
 
-    async def update(metadatas) -> dict:
+    async def update(request: Request, metadatas) -> dict:
+        holder(request)
         if not isinstance(metadatas, list) or not all(isinstance(m, dict) for m in metadatas):
             raise RequestError("metadatas must be a list of objects", "metadatas")
         try:
             validate_metadata(metadatas, server.info["shapes"])
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise RequestError(str(e), "metadatas") from None
-        if server.communicator is None:
-            raise RequestError("no communicator: call /init_communicator/ first", status=409, code="no_communicator")
         server.fire("receive", metadatas=metadatas)
         return {"message": "receiving", "numel": metadatas[-1]["end_idx"]}
 
     @app.post("/update_flattened_params/")
     async def update_flattened_params(request: Request):
         body = await read_body(request)
-        return await update(body.get("metadatas"))
+        return await update(request, body.get("metadatas"))
 
     @app.post("/update_named_param/")
     async def update_named_param(request: Request):
         body = await read_body(request)
         shape = body.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                  for s in shape):
             raise RequestError("shape must be a list of non-negative integers", "shape")
         numel = 1
         for s in shape:
             numel *= s
-        return await update([{"name": body.get("name"), "shape": shape, "dtype": body.get("dtype"),
-                              "start_idx": 0, "end_idx": numel, "numel": numel}])
+        return await update(request, [{"name": body.get("name"), "shape": shape, "dtype": body.get("dtype"),
+                                       "start_idx": 0, "end_idx": numel, "numel": numel}])
 
     @app.post("/reset_prefix_cache/")
-    async def reset_prefix_cache():
+    async def reset_prefix_cache(request: Request):
+        holder(request)
         await server.all("reset_prefix_cache")
         return {"success": True}
 
     @app.post("/close_communicator/")
-    async def close_communicator():
-        await server.all("close_communicator")
+    async def close_communicator(request: Request):
+        holder(request)
         server.communicator = None
+        await server.all("close_communicator")
         return {"message": "communicator closed"}

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from transformers import Trainer
 
 from swift.infer.protocol import InferRequest, RequestConfig
+from swift.rlhf import gkd
 from swift.rlhf.logps import (IGNORE_INDEX, SequenceLogps, head_logps, hidden_states_out, labelled_positions,
                               plain_head, step_token_counts, target_logps)
 
@@ -224,15 +225,28 @@ class DistillTrainer(RLHFTrainer):
         keep = labelled_positions(labels)
         forward = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], logits_to_keep=keep,
                        use_cache=False)
-        student = model(**forward).logits
-        with torch.no_grad():
-            teacher = self.teacher(**forward).logits
         targets = labels[:, 1:][:, keep]
         mask = targets != IGNORE_INDEX
-        loss, metrics = self.algorithm.loss(student[mask], teacher[mask], self.rlhf_args)
-        if self.rlhf_args.sft_alpha and not inputs.get("on_policy"):
-            nll = F.cross_entropy(student[mask].float(), targets[mask])
-            loss = loss + self.rlhf_args.sft_alpha * nll
+        a = self.rlhf_args
+        with_nll = bool(a.sft_alpha) and not inputs.get("on_policy")
+        student_head, teacher_head = plain_head(model), plain_head(self.teacher)
+        if student_head is not None and teacher_head is not None:
+            # hidden states in, the two distributions over the vocabulary a chunk of tokens at a time
+            with hidden_states_out(model):
+                student = model(**forward).logits[mask]
+            with torch.no_grad(), hidden_states_out(self.teacher):
+                teacher = self.teacher(**forward).logits[mask]
+            jsd, nll = gkd.head_losses(student, student_head, teacher, teacher_head, targets[mask], a.beta, with_nll)
+            loss, metrics = jsd.mean(), {"jsd": jsd.mean().item()}
+            nll = nll.mean() if with_nll else None
+        else:
+            student = model(**forward).logits
+            with torch.no_grad():
+                teacher = self.teacher(**forward).logits
+            loss, metrics = self.algorithm.loss(student[mask], teacher[mask], a)
+            nll = F.cross_entropy(student[mask].float(), targets[mask]) if with_nll else None
+        if nll is not None:
+            loss = loss + a.sft_alpha * nll
             metrics["sft_loss"] = nll.item()
         if inputs.get("token_counts") is not None:  # both terms are token means: over the whole step's tokens
             loss = loss * mask.sum() / inputs["token_counts"][2].clamp(min=1)

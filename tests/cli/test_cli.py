@@ -48,3 +48,21 @@ def test_torchrun_command_line():
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     assert cmd[cmd.index("--nproc_per_node") + 1] == "2" and cmd[cmd.index("--master_port") + 1] == "29600"
     assert cmd[-5:] == ["-m", "swift.cli.main", "sft", "--model", "m"]
+
+
+def test_ms_swift_python_entry_points(tmp_path):
+    """ms-swift's documented way to run from Python: `from swift.llm import sft_main, TrainArguments`."""
+    import json
+    import os
+
+    import swift.llm
+    from swift.llm import (DeployArguments, InferArguments, RLHFArguments, RolloutArguments, TrainArguments,  # noqa: F401
+                           deploy_main, infer_main, pt_main, rlhf_main, rollout_main, sft_main)
+
+    args = TrainArguments(model="builtin:tiny-chat", dataset=["builtin:arith-sft#16"], max_steps=2,
+                          per_device_train_batch_size=4, logging_steps=1, output_dir=str(tmp_path), report_to=["none"])
+    sft_main(args)
+    logged = [json.loads(line) for line in open(os.path.join(tmp_path, "logging.jsonl"))]
+    assert any("loss" in row for row in logged)
+    assert set(swift.llm.__all__) >= {"sft_main", "pt_main", "rlhf_main", "infer_main", "deploy_main",
+                                      "TrainArguments", "RLHFArguments", "InferArguments", "DeployArguments"}

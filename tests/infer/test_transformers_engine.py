@@ -90,8 +90,72 @@ def test_streaming_concatenates_to_the_full_text(engine):
 def test_context_overflow_is_a_clear_error(engine):
     with pytest.raises(SwiftError, match="exceeds the model's context of 512 tokens"):
         engine.infer([chat("hi")], RequestConfig(max_tokens=100_000))
-    with pytest.raises(SwiftError, match="temperature must be >= 0"):
+    with pytest.raises(SwiftError, match="temperature must be a finite number >= 0"):
         RequestConfig(temperature=-1)
+    with pytest.raises(SwiftError, match="repetition_penalty must be a finite number"):
+        RequestConfig(repetition_penalty=float("inf"))
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_batching(engine):
+    vocab = engine.vocab_size
+    for bad in ([5, vocab], [5, -1], [5, 2 ** 40]):
+        with pytest.raises(SwiftError, match="not in the vocabulary"):
+            engine.infer([InferRequest(input_ids=bad)], RequestConfig(max_tokens=2))
+    assert engine.infer([InferRequest(input_ids=[5, vocab - 1])], RequestConfig(max_tokens=2))[0].choices
+
+
+POISON = 1234
+
+
+def poisoned_engine():
+    """An engine whose model fails any forward pass that sees token POISON: a fault that only one
+    request of a batch carries, as an engine bug or a numerical failure would."""
+    from swift.model import load_model
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    forward = model.forward
+    failures = []
+
+    def fragile(*args, input_ids=None, **kwargs):
+        if input_ids is not None and bool((input_ids == POISON).any()):
+            failures.append(input_ids.shape[0])
+            raise RuntimeError("poisoned batch")
+        return forward(*args, input_ids=input_ids, **kwargs)
+
+    model.forward = fragile
+    return TransformersEngine(model, tokenizer, get_template("chatml", tokenizer), max_batch_size=16), failures
+
+
+def test_a_request_that_breaks_its_batch_fails_alone():
+    engine, failures = poisoned_engine()
+    config = RequestConfig(max_tokens=6, temperature=1.0, seed=3)
+    good = [InferRequest(input_ids=[5 + i, 6, 7]) for i in range(3)]
+
+    async def run():
+        async def streamed():
+            return [d async for d in engine.stream_async(InferRequest(input_ids=[9, 9]), config)]
+
+        calls = [engine.infer_async(r, config) for r in good]
+        calls.insert(1, engine.infer_async(InferRequest(input_ids=[5, POISON, 7]), config))
+        calls.append(streamed())
+        with engine._wake:  # the worker waits until all five are queued: they share one batch
+            tasks = [asyncio.ensure_future(c) for c in calls]
+            await asyncio.sleep(0)
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        results = asyncio.run(run())
+        assert failures == [5, 1]  # the batch of five failed, then the poisoned request alone
+        assert isinstance(results[1], RuntimeError) and "poisoned" in str(results[1])
+        fine = [results[0], *results[2:4]]
+        assert all(r.choices[0].finish_reason in ("stop", "length") for r in fine)
+        # each survivor's answer is what it gets alone (same seed): the failed batch left no trace
+        assert [r.choices[0].token_ids for r in fine] == [
+            engine.infer([r], config)[0].choices[0].token_ids for r in good]
+        assert results[4][-1].finish_reason in ("stop", "length")
+        assert engine.load() == {"queued": 0, "running": 0}
+    finally:
+        engine.close()
 
 
 def test_close_fails_waiting_requests_and_stops_the_worker(tiny):

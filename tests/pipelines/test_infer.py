@@ -4,8 +4,11 @@ import os
 import sys
 
 import pexpect
+import pytest
 
+from swift.infer.transformers_engine import TransformersEngine
 from swift.pipelines.infer import infer_main
+from swift.utils.registry import SwiftError
 
 
 def test_batch_mode_writes_rows_and_summary(tmp_path):
@@ -20,6 +23,53 @@ def test_batch_mode_writes_rows_and_summary(tmp_path):
     assert all("rouge" in r and "response" in r for r in rows)
     assert summary["rouge"] == sum(r["rouge"] for r in rows) / 6
     assert json.load(open(tmp_path / "res" / "out_summary.json")) == summary
+
+
+def val_rows(tmp_path, bad_row=None):
+    data = tmp_path / "val.jsonl"
+    rows = [{"query": f"{i}+1=", "response": str(i + 1)} for i in range(6)]
+    if bad_row is not None:  # a prompt longer than the model's context of 512 tokens
+        rows[bad_row - 1] = {"query": "1+1 " * 400, "response": "2"}
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+def test_a_bad_row_is_reported_and_skipped_or_stops_the_run_with_strict(tmp_path):
+    data = val_rows(tmp_path, bad_row=3)
+    out = tmp_path / "out.jsonl"
+    argv = ["--model", "builtin:tiny-chat", "--val_dataset", str(data), "--max_new_tokens", "4"]
+    summary = infer_main(argv + ["--result_path", str(out)])
+    assert summary["num_rows"] == 5 and summary["failed"] == [f"{data} row 3"]
+    assert [json.loads(line)["index"] for line in open(out)] == [0, 1, 3, 4, 5]  # dataset order
+    with pytest.raises(SwiftError, match=f"{data} row 3: prompt .* exceeds the model's context"):
+        infer_main(argv + ["--result_path", str(tmp_path / "strict.jsonl"), "--strict", "true"])
+
+
+def test_an_interrupted_run_continues_with_the_same_command(tmp_path, monkeypatch):
+    data = val_rows(tmp_path)
+    out = tmp_path / "out.jsonl"
+    argv = ["--model", "builtin:tiny-chat", "--val_dataset", str(data), "--max_new_tokens", "4",
+            "--result_path", str(out), "--temperature", "1.0", "--seed", "5"]
+    infer_main(argv)
+    full = open(out).read().splitlines()
+    # the run was killed after two rows, in the middle of writing the third
+    out.write_text(full[0] + "\n" + full[1] + "\n" + full[2][:20])
+    calls = []
+    original = TransformersEngine.infer_async
+
+    async def counted(self, request, config):
+        calls.append(request)
+        return await original(self, request, config)
+
+    monkeypatch.setattr(TransformersEngine, "infer_async", counted)
+    summary = infer_main(argv)
+    assert len(calls) == 4 and summary["num_rows"] == 6
+    again = open(out).read().splitlines()
+    assert again[:2] == full[:2] and [json.loads(line)["index"] for line in again] == list(range(6))
+    # a different run never writes over these results
+    with pytest.raises(SwiftError, match="already exists with results of another run \\(generation differ"):
+        infer_main([*argv[:-2], "--seed", "6"])
+    assert open(out).read().splitlines() == again
 
 
 def test_interactive_chat_in_a_terminal():

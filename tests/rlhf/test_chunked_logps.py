@@ -3,7 +3,7 @@ equal the plain path on the logits: values, entropies and gradients, within 1e-5
 functions the trainers call (`forward_logps` for preference losses, `token_logps` for GRPO)."""
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import swift.rlhf.logps as logps
 from swift.trainers.completion_logps import token_logps
@@ -81,3 +81,35 @@ def test_grpo_token_log_probs_and_entropies(monkeypatch, model, group_size):
     torch.testing.assert_close(e2, e1, rtol=1e-5, atol=1e-5)
     for name in g1:
         torch.testing.assert_close(g2[name], g1[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("sft_alpha", ["0", "0.5"])
+def test_gkd_loss_through_the_trainer(monkeypatch, tiny_dir, tmp_path, sft_alpha):
+    """GKD's JSD (and its SFT term) from hidden states in chunks equals the plain path on the whole
+    logits, through `DistillTrainer.loss_and_metrics` on a batch of its own collator."""
+    from swift.pipelines.base import resolve_args
+    from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
+
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    teacher.save_pretrained(tmp_path / "teacher")
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(tmp_path / "teacher")
+    trainer = RLHFPipeline(resolve_args(RLHFArguments, [
+        "--model", tiny_dir, "--rlhf_type", "gkd", "--teacher_model", str(tmp_path / "teacher"), "--tuner_type",
+        "full", "--dataset", "builtin:arith-sft#8", "--output_dir", str(tmp_path / "out"), "--beta", "0.3",
+        "--sft_alpha", sft_alpha, "--per_device_train_batch_size", "4", "--report_to", "none"],
+        "swift rlhf")).build_trainer()
+    batch = next(iter(trainer.get_train_dataloader()))
+
+    def run():
+        loss, metrics = trainer.loss_and_metrics(trainer.model, batch)
+        loss.backward()
+        return loss.detach(), metrics, grads(trainer.model)
+
+    (l1, m1, g1), (l2, m2, g2) = both_ways(monkeypatch, run)
+    torch.testing.assert_close(l2, l1, rtol=1e-5, atol=1e-6)
+    assert abs(m2["jsd"] - m1["jsd"]) < 1e-5 and ("sft_loss" in m1) == (sft_alpha != "0")
+    for name in g1:
+        torch.testing.assert_close(g2[name], g1[name], rtol=1e-5, atol=1e-6, msg=name)

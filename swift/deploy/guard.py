@@ -1,0 +1,145 @@
+"""What `swift deploy` and `swift rollout` check before a request reaches a route, and the limits
+their routes apply: the API key (compared in constant time), the body size, the number of
+requests in flight, the time a request may take, and caps on `n` and `max_tokens`.
+
+`Guard` is plain ASGI middleware, so it answers 401 / 413 / 429 without reading a body it refuses,
+and it counts a streamed request as in flight until its last byte is sent."""
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from dataclasses import dataclass, field
+
+from swift.deploy.openai_api import RequestError
+from swift.infer.protocol import RequestConfig
+from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
+
+OPEN_PATHS = frozenset({"/health", "/health/"})
+
+
+@dataclass
+class ServingLimits:
+    api_key: str | None = field(default=None, metadata={
+        "help": "Require 'Authorization: Bearer <key>' on every route but /health (compared in constant time)."})
+    max_request_bytes: int = field(default=8 * 2 ** 20, metadata={
+        "help": "Largest request body in bytes (413 above it); default 8 MiB."})
+    max_concurrent_requests: int = field(default=256, metadata={
+        "help": "Requests in flight (streams included) before new ones get 429."})
+    request_timeout: float = field(default=600.0, metadata={
+        "help": "Seconds a request may take; then it gets 504 (a stream: an error event and [DONE])."})
+    max_n: int = field(default=128, metadata={"help": "Largest n (choices per request) a request may ask for."})
+    max_tokens_limit: int | None = field(default=None, metadata={
+        "help": "Largest max_tokens a request may ask for (default: the model's context)."})
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key:
+            raise SwiftError("--api_key must not be empty")
+        for name in ("max_request_bytes", "max_concurrent_requests", "max_n"):
+            if getattr(self, name) < 1:
+                raise SwiftError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.request_timeout <= 0:
+            raise SwiftError(f"--request_timeout must be positive, got {self.request_timeout}")
+        if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
+            raise SwiftError(f"--max_tokens_limit must be at least 1, got {self.max_tokens_limit}")
+
+    def check(self, config: RequestConfig) -> None:
+        """Refuse (400) a request config above the server's caps."""
+        if config.n > self.max_n:
+            raise RequestError(f"n={config.n} is above this server's limit of {self.max_n} (--max_n)", "n")
+        if self.max_tokens_limit is not None and config.max_tokens > self.max_tokens_limit:
+            raise RequestError(f"max_tokens={config.max_tokens} is above this server's limit of "
+                               f"{self.max_tokens_limit} (--max_tokens_limit)", "max_tokens")
+
+
+def key_matches(header: bytes | None, api_key: str) -> bool:
+    return header is not None and hmac.compare_digest(header, f"Bearer {api_key}".encode())
+
+
+class RequestTooLarge(RequestError):
+    def __init__(self, limit: int):
+        super().__init__(f"request body is larger than {limit} bytes (--max_request_bytes)", status=413,
+                         code="request_too_large")
+
+
+async def _reply(send, error: RequestError) -> None:
+    body = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """ASGI middleware: key, size and concurrency checks for every route outside OPEN_PATHS."""
+
+    def __init__(self, app, limits: ServingLimits, log_requests: bool = False):
+        self.app, self.limits, self.log_requests = app, limits, log_requests
+        self.active = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if not self.log_requests:
+            return await self._guard(scope, receive, send)
+        start, status = time.time(), [0]
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self._guard(scope, receive, send_and_note)
+        finally:
+            logger.info(f"{scope['method']} {scope['path']} {status[0]} {1000 * (time.time() - start):.0f}ms")
+
+    async def _guard(self, scope, receive, send):
+        if scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        limits = self.limits
+        headers = dict(scope["headers"])
+        if limits.api_key and not key_matches(headers.get(b"authorization"), limits.api_key):
+            return await _reply(send, RequestError("invalid or missing API key", status=401, code="invalid_api_key"))
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                return await _reply(send, RequestError("Content-Length is not a number"))
+            if int(length) > limits.max_request_bytes:
+                return await _reply(send, RequestTooLarge(limits.max_request_bytes))
+        if self.active >= limits.max_concurrent_requests:
+            return await _reply(send, RequestError(
+                f"the server has {self.active} requests in flight (--max_concurrent_requests); retry later",
+                status=429, code="too_many_requests"))
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limits.max_request_bytes:  # a chunked body without Content-Length
+                    raise RequestTooLarge(limits.max_request_bytes)
+            return message
+
+        self.active += 1
+        try:
+            await self.app(scope, limited_receive, send)
+        finally:
+            self.active -= 1
+
+
+async def read_body(request) -> dict:
+    """The request's JSON object, or a 400 naming what is wrong with it."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise RequestError("request body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    return body
