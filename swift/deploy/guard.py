@@ -6,6 +6,7 @@ requests in flight, the time a request may take, and caps on `n` and `max_tokens
 and it counts a streamed request as in flight until its last byte is sent."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -19,6 +20,7 @@ from swift.utils.registry import SwiftError
 logger = get_logger(__name__)
 
 OPEN_PATHS = frozenset({"/health", "/health/"})
+MAX_STOP, MAX_STOP_CHARS = 16, 256  # stop strings are matched on every token of every row
 
 
 @dataclass
@@ -34,11 +36,13 @@ class ServingLimits:
     max_n: int = field(default=128, metadata={"help": "Largest n (choices per request) a request may ask for."})
     max_tokens_limit: int | None = field(default=None, metadata={
         "help": "Largest max_tokens a request may ask for (default: the model's context)."})
+    max_rows_per_request: int = field(default=4096, metadata={
+        "help": "Most sequences one request may ask for (prompts × n, or texts to score)."})
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key:
             raise SwiftError("--api_key must not be empty")
-        for name in ("max_request_bytes", "max_concurrent_requests", "max_n"):
+        for name in ("max_request_bytes", "max_concurrent_requests", "max_n", "max_rows_per_request"):
             if getattr(self, name) < 1:
                 raise SwiftError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.request_timeout <= 0:
@@ -46,8 +50,14 @@ class ServingLimits:
         if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
             raise SwiftError(f"--max_tokens_limit must be at least 1, got {self.max_tokens_limit}")
 
-    def check(self, config: RequestConfig) -> None:
-        """Refuse (400) a request config above the server's caps."""
+    def check(self, config: RequestConfig, rows: int | None = None) -> None:
+        """Refuse (400) a request above the server's caps (`rows`: the sequences it asks for)."""
+        if len(config.stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in config.stop):
+            raise RequestError(f"stop takes at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters",
+                               "stop")
+        if rows is not None and rows > self.max_rows_per_request:
+            raise RequestError(f"the request asks for {rows} sequences, above this server's limit of "
+                               f"{self.max_rows_per_request} (--max_rows_per_request)", "n")
         if config.n > self.max_n:
             raise RequestError(f"n={config.n} is above this server's limit of {self.max_n} (--max_n)", "n")
         if self.max_tokens_limit is not None and config.max_tokens > self.max_tokens_limit:
@@ -57,6 +67,10 @@ class ServingLimits:
 
 def key_matches(header: bytes | None, api_key: str) -> bool:
     return header is not None and hmac.compare_digest(header, f"Bearer {api_key}".encode())
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
 
 
 class RequestTooLarge(RequestError):
@@ -124,9 +138,21 @@ class Guard:
                     raise RequestTooLarge(limits.max_request_bytes)
             return message
 
+        started = [False]
+
+        async def noting_send(message):
+            started[0] = started[0] or message["type"] == "http.response.start"
+            await send(message)
+
         self.active += 1
         try:
-            await self.app(scope, limited_receive, send)
+            # routes answer 504 at --request_timeout themselves; this also ends a request whose client
+            # stalls while sending its body or reading a stream, so its slot is never held forever
+            await asyncio.wait_for(self.app(scope, limited_receive, noting_send), limits.request_timeout + 10)
+        except asyncio.TimeoutError:
+            if not started[0]:
+                await _reply(send, RequestError(f"the request took longer than {limits.request_timeout:g}s "
+                                                "(--request_timeout)", status=504, code="timeout"))
         finally:
             self.active -= 1
 
@@ -135,11 +161,13 @@ async def read_body(request) -> dict:
     """The request's JSON object, or a 400 naming what is wrong with it."""
     raw = await request.body()
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(f"request body is not valid JSON: {e}") from None
     except RecursionError:
         raise RequestError("request body is nested too deeply") from None
+    except ValueError as e:  # NaN/Infinity, or an integer of thousands of digits
+        raise RequestError(f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     return body

@@ -29,7 +29,7 @@ def _number(body: dict, key: str, default, cast):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError
         return cast(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise RequestError(f"'{key}' must be a number", key) from None
 
 

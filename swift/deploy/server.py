@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from swift.deploy import openai_api as api
 from swift.deploy.guard import Guard, ServingLimits, read_body
 from swift.deploy.openai_api import RequestError
+from swift.infer.protocol import InferRequest
 from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
 from swift.utils.logging import get_logger
@@ -122,15 +123,17 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
             adapter = pick_adapter(body)
             infer_request = api.chat_request(body, adapter) if chat else api.completion_request(body, adapter)
             config = api.request_config(body, chat)
-            limits.check(config)
+            limits.check(config, rows=config.n)
             model = body.get("model") or served_model_name
-            # everything a request can get wrong is found here, before it joins a batch
+            # everything a request can get wrong is found here, before it joins a batch; rendering and
+            # tokenising run off the event loop, once
             try:
-                prompt = engine.encode(infer_request)
+                prompt = await asyncio.to_thread(engine.encode, infer_request)
             except Exception as e:  # a conversation the chat template cannot render
                 raise RequestError(f"the chat template cannot render this request: {type(e).__name__}: {e}",
                                    "messages") from None
             engine.check(prompt, config)
+            infer_request = InferRequest(input_ids=prompt, adapter=infer_request.adapter)
             if body.get("stream"):
                 return StreamingResponse(sse(engine, infer_request, config, model, chat, limits.request_timeout),
                                          media_type="text/event-stream")
@@ -151,17 +154,25 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
     async def completions(request: Request):
         return await complete(request, chat=False)
 
-    add_reward_routes(app, scorer, served_model_name)
+    add_reward_routes(app, scorer, served_model_name, limits)
     return app
 
 
-def add_reward_routes(app: FastAPI, scorer: RewardScorer | None, served_model_name: str) -> None:
+def add_reward_routes(app: FastAPI, scorer: RewardScorer | None, served_model_name: str,
+                      limits: ServingLimits) -> None:
     """POST /v1/rewards and OpenRLHF's POST /get_reward, answered by a seq_cls model."""
 
     async def rewards(texts_of) -> list[float]:
         if scorer is None:
             raise RequestError("this server hosts a generative model; start it with --task_type seq_cls for rewards")
-        return await asyncio.to_thread(scorer.score, texts_of(scorer))
+        texts = texts_of(scorer)
+        if len(texts) > limits.max_rows_per_request:
+            raise RequestError(f"{len(texts)} texts to score, above this server's limit of "
+                               f"{limits.max_rows_per_request} (--max_rows_per_request)")
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(scorer.score, texts), limits.request_timeout)
+        except asyncio.TimeoutError:
+            raise _timed_out(limits.request_timeout) from None
 
     @app.post("/v1/rewards")
     async def v1_rewards(request: Request):

@@ -253,21 +253,21 @@ class TransformersEngine(InferEngine):
         client nothing yet runs again in a batch of its own, so only the one that fails alone gets
         the error (a stream that already sent text cannot be replayed: it gets the error)."""
         undone = [j for j in jobs if not j.delivered and not j.cancelled]
-        retry = [j for j in undone if len(jobs) > 1 and not j.streamed and not self._closed]
-        if not self._closed:
-            if retry:
-                logger.warning(f"a batch of {len(jobs)} requests failed ({type(error).__name__}: {error}); "
-                               f"running {len(retry)} of them alone")
-            else:
-                logger.exception("generation failed", exc_info=error)
-        for job in undone:
-            if job not in retry:
-                self._fail(job, error)
-        with self._wake:
+        with self._wake:  # under the lock: close() either ran before (nothing is requeued) or runs after
+            retry = [] if self._closed else [j for j in undone if len(jobs) > 1 and not j.streamed]
             for job in reversed(retry):
                 job.rows, job.alone = [], True
                 self._pending.appendleft(job)
             self._wake.notify()
+            closed = self._closed
+        if retry:
+            logger.warning(f"a batch of {len(jobs)} requests failed ({type(error).__name__}: {error}); "
+                           f"running {len(retry)} of them alone")
+        elif not closed:
+            logger.exception("generation failed", exc_info=error)
+        for job in undone:
+            if job not in retry:
+                self._fail(job, error)
 
     @staticmethod
     def _fail(job: _Job, error: BaseException) -> None:

@@ -74,8 +74,8 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     score = METRICS.get(a.metric) if a.metric else None
     run = {"val_dataset": list(a.val_dataset), "model": a.model, "adapters": list(a.adapters),
-           "generation": asdict(config), "num_rows": len(rows)}
-    done = _resume(path, run)
+           "template": a.template, "system": a.system, "generation": asdict(config), "num_rows": len(rows)}
+    done = _resume(path, run, rows.origins)
     todo = [i for i in range(len(rows)) if i not in done]
     if done:
         logger.info(f"{path}: {len(done)} of {len(rows)} rows already done; continuing with the other {len(todo)}")
@@ -91,7 +91,9 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
             try:
                 response = await engine.infer_async(
                     InferRequest(messages=prompt, tools=rows.rows[i].get("tools"), adapter=adapter), config)
-            except SwiftError as e:
+            except Exception as e:  # noqa: BLE001 - any failure of one row is that row's
+                if not isinstance(e, SwiftError):
+                    e = SwiftError(f"{type(e).__name__}: {e}")
                 if a.strict:
                     raise SwiftError(f"{rows.origins[i]}: {e} (results so far are in {path}; run with --strict "
                                      "false to skip such rows)") from None
@@ -134,9 +136,10 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     return summary
 
 
-def _resume(path: str, run: dict) -> dict[int, dict]:
-    """Results already in `path` from the same run (same datasets, model, adapters and generation
-    settings, kept in `<path>_run.json`), by row index. Results of another run are never overwritten."""
+def _resume(path: str, run: dict, origins: list[str]) -> dict[int, dict]:
+    """Results already in `path` from the same run (same datasets, model, adapters, template and
+    generation settings, kept in `<path>_run.json`, and each kept row from the same file and row),
+    by row index. Results of another run are never overwritten."""
     meta = os.path.splitext(path)[0] + "_run.json"
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         write_json(meta, run)
@@ -150,11 +153,14 @@ def _resume(path: str, run: dict) -> dict[int, dict]:
     done, keep = {}, 0
     with open(path, "rb") as f:
         for raw in f:
-            try:
-                line = json.loads(raw)
-            except json.JSONDecodeError:
+            if not raw.endswith(b"\n"):
                 break  # the last line of an interrupted run may be cut short
-            done[line["index"]] = line
+            line = json.loads(raw)
+            i = line.get("index")
+            if not isinstance(i, int) or not 0 <= i < len(origins) or line.get("origin") != origins[i]:
+                raise SwiftError(f"--result_path {path}: its row {line.get('index')} ({line.get('origin')}) is not "
+                                 "a row of this dataset any more; pass another --result_path, or delete the file")
+            done[i] = line
             keep += len(raw)
     with open(path, "r+b") as f:
         f.truncate(keep)

@@ -193,7 +193,7 @@ class WorkerHandle:
             except (EOFError, OSError):
                 break
             future = self._futures.pop(cid, None)
-            if future is None:
+            if future is None or future.done():  # nobody waits any more (the request timed out)
                 continue
             if err is None:
                 future.set_result(result)
@@ -268,13 +268,17 @@ class RolloutServer:
                                       for w, share in shares if share))
 
     def fire(self, method: str, **kwargs) -> None:
-        """Send to every worker without waiting; a failure closes the communicator (it is broken)."""
+        """Send to every worker without waiting; a failure closes the communicator it was sent for
+        (that group is broken), never a later holder's."""
+        token = (self.communicator or {}).get("token")
         for w in self.workers:
-            w.call(method, **kwargs).add_done_callback(self._on_sync_done)
+            w.call(method, **kwargs).add_done_callback(lambda f: self._on_sync_done(f, token))
 
-    def _on_sync_done(self, future: concurrent.futures.Future) -> None:
-        if future.exception() is not None:
-            logger.error(f"weight sync failed: {future.exception()}")
+    def _on_sync_done(self, future: concurrent.futures.Future, token: str | None) -> None:
+        if future.cancelled() or future.exception() is None:
+            return
+        logger.error(f"weight sync failed: {future.exception()}")
+        if self.communicator is not None and self.communicator.get("token") == token:
             self.communicator = None
 
 
@@ -386,7 +390,7 @@ def create_app(server: RolloutServer) -> FastAPI:
                                    "infer_requests")
             clean.append({"messages": messages, "data_dict": data_dict, "rollout_infos": infos})
         config = _config(body)
-        limits.check(RequestConfig(**config))
+        limits.check(RequestConfig(**config), rows=len(clean) * config.get("n", 1))
         n = config.pop("n", 1)
         limit = body.get("max_completion_length")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
@@ -408,7 +412,7 @@ def create_app(server: RolloutServer) -> FastAPI:
             raise RequestError("min_p is not supported by swift's engines; leave it unset or 0", "min_p")
         config = _config({"request_config": {**body, "logprobs": True}})
         cfg = RequestConfig(**config)
-        limits.check(cfg)
+        limits.check(cfg, rows=len(prompts) * cfg.n)
         vocab, context = server.info["vocab_size"], server.info["max_model_len"]
         for i, p in enumerate(prompts):  # token-id prompts are checked here, text ones by the workers
             if isinstance(p, list):

@@ -33,7 +33,8 @@ def deploy_server():
 @pytest.fixture(scope="module")
 def rollout_server():
     base, proc = start("rollout", "--model", "builtin:tiny-chat", "--api_key", KEY, "--multi_turn_scheduler", "gym",
-                       "--max_turns", "2", "--max_request_bytes", str(MAX_BYTES), "--max_n", "8", health="/health/")
+                       "--max_turns", "2", "--max_request_bytes", str(MAX_BYTES), "--max_n", "8",
+                       "--max_rows_per_request", "64", health="/health/")
     yield base, proc
     stop(proc)
 
@@ -80,6 +81,11 @@ BAD_REQUESTS = [
     ("deploy", "/v1/chat/completions", dict(json=chat(seed=2 ** 80)), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(stop=[1, 2])), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(tools="rm -rf /")), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(stop=[str(i) for i in range(17)])), 400),  # too many stops
+    ("deploy", "/v1/chat/completions", dict(json=chat(stop=["x" * 300])), 400),
+    ("deploy", "/v1/chat/completions", dict(data=json.dumps(chat(max_tokens=7)).replace("7", "Infinity").encode()),
+     400),
+    ("deploy", "/v1/chat/completions", dict(data=json.dumps(chat(seed=7)).replace("7", "9" * 5000).encode()), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(repetition_penalty=0)), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(model="gpt-5")), 404),
     ("deploy", "/v1/completions", dict(json={"model": "tiny", "prompt": [5, 999999], "max_tokens": 4}), 400),
@@ -107,6 +113,8 @@ BAD_REQUESTS = [
     ("rollout", "/generate/", dict(json={"prompts": [[5, -7]], "max_tokens": 4}), 400),
     ("rollout", "/generate/", dict(json={"prompts": [[5] * 600], "max_tokens": 4}), 400),
     ("rollout", "/generate/", dict(json={"prompts": [[True, False]], "max_tokens": 4}), 400),
+    ("rollout", "/generate/", dict(json={"prompts": ["1+1="] * 9, "n": 8, "max_tokens": 4}), 400),  # > 64 rows
+    ("rollout", "/init_communicator/", dict(json={"host": "127.0.0.1", "port": 29555}, headers={}), 401),
     ("rollout", "/init_communicator/", dict(json={"host": "10.9.8.7", "port": 29555}), 403),  # not the caller
     ("rollout", "/init_communicator/", dict(json={"host": "127.0.0.1", "port": "29555"}), 400),
     ("rollout", "/init_communicator/", dict(json={"host": "127.0.0.1", "port": 29555, "world_size": 7}), 400),
@@ -181,7 +189,7 @@ def test_bad_requests_get_4xx_json_while_good_traffic_flows(deploy_server, rollo
     assert not wrong, "\n".join(wrong)
     assert not traffic.errors, traffic.errors[:3]
     assert traffic.done >= 8
-    assert len(BAD_REQUESTS) >= 30
+    assert len(BAD_REQUESTS) >= 60
     for base, health in ((bases["deploy"], "/health"), (bases["rollout"], "/health/")):
         assert requests.get(base + health).status_code == 200  # os:abort never ran; everything still serves
 
@@ -191,7 +199,7 @@ def ownership_cases(base, wrong):
     port = int(base.rsplit(":", 1)[1])
     model, _, _ = load_model("builtin:tiny-chat")
     with pytest.raises(SwiftError, match="401"):
-        RolloutClient(port=port, timeout=60).init_communicator()  # no key
+        RolloutClient(port=port, timeout=60)  # a trainer without the key gets nowhere
     holder = RolloutClient(port=port, timeout=60, api_key=KEY)
     holder.sync_weights(model)  # a real sync with the key and the session token
     token = holder.session.headers["X-Session-Token"]
@@ -307,3 +315,23 @@ def test_soak_1000_requests_with_walkaways(deploy_server):
         time.sleep(0.2)
     after = rss_bytes(proc.pid)
     assert after < 1.10 * before, (before, after)
+
+
+def test_a_rollout_request_past_its_timeout_leaves_the_server_working():
+    """A /generate/ that outlives --request_timeout gets 504; the worker finishes it and drops the
+    result, and the server then answers again (the late result must not break its bookkeeping)."""
+    base, proc = start("rollout", "--model", "builtin:tiny-chat", "--request_timeout", "2", health="/health/")
+    try:
+        heavy = requests.post(base + "/generate/", json={"prompts": [f"{i}+{i}=" for i in range(8)], "n": 16,
+                                                          "max_tokens": 480, "temperature": 1.0}, timeout=60)
+        assert heavy.status_code == 504 and heavy.json()["error"]["code"] == "timeout"
+        deadline = time.time() + 240
+        while True:  # 504s while the worker still runs the abandoned request, then answers
+            light = requests.post(base + "/generate/", json={"prompts": ["1+1="], "max_tokens": 2}, timeout=60)
+            if light.status_code == 200:
+                break
+            assert light.status_code == 504 and time.time() < deadline, light.text
+        assert len(light.json()["completion_ids"]) == 1
+        assert requests.get(base + "/health/").status_code == 200
+    finally:
+        stop(proc)

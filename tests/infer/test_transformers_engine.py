@@ -195,3 +195,43 @@ def test_a_process_exits_cleanly_after_generating(tmp_path):
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
         assert proc.returncode == 3, proc.stderr[-2000:]
         assert "terminate called" not in proc.stderr
+
+
+def test_a_batch_that_fails_mid_decode_reruns_its_requests_alone():
+    """A fault that strikes a decoding step of a batch (any batch of more than one row): each
+    request that has sent nothing yet runs again alone and gets the answer it would have had alone;
+    a stream that already sent text gets the error (it cannot be replayed)."""
+    from swift.model import load_model
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    forward = model.forward
+
+    def fragile(*args, input_ids=None, **kwargs):
+        if input_ids is not None and input_ids.shape == (input_ids.shape[0], 1) and input_ids.shape[0] > 1:
+            raise RuntimeError("decoding step failed")
+        return forward(*args, input_ids=input_ids, **kwargs)
+
+    model.forward = fragile
+    engine = TransformersEngine(model, tokenizer, get_template("chatml", tokenizer), fast_decode=False)
+    config = RequestConfig(max_tokens=5)
+    requests = [InferRequest(input_ids=[5 + i, 6, 7]) for i in range(3)]
+
+    async def run():
+        async def streamed():
+            return [d async for d in engine.stream_async(InferRequest(input_ids=[40, 41, 42]), config)]
+
+        with engine._wake:  # one batch of four
+            tasks = [asyncio.ensure_future(c) for c in [*(engine.infer_async(r, config) for r in requests),
+                                                        streamed()]]
+            await asyncio.sleep(0)
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        results = asyncio.run(run())
+        model.forward = forward
+        alone = [engine.infer([r], config)[0].choices[0].token_ids for r in requests]
+        assert [r.choices[0].token_ids for r in results[:3]] == alone
+        assert isinstance(results[3], RuntimeError)  # its first token had reached the client
+        assert engine.load() == {"queued": 0, "running": 0}
+    finally:
+        engine.close()
