@@ -15,6 +15,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from swift.arguments.base import ComposedArguments
+from swift.arguments.ms_swift import refusal
 from swift.utils.registry import SwiftError, closest
 
 
@@ -73,12 +74,17 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
         config = load_config(config_path)
         unknown = [k for k in config if k not in valid]
         if unknown:
+            refused = refusal(unknown[0])
+            if refused:
+                raise ArgumentError(f"{config_path}: {refused}")
             raise ArgumentError(f"{config_path}: unknown key '{unknown[0]}'.{closest(unknown[0], valid)}")
         parser.set_defaults(**config)
     namespace, rest = parser.parse_known_args(argv)
     if rest:
         flag = next((r for r in rest if r.startswith("-")), rest[0])
         name = flag.lstrip("-").split("=")[0]
+        if flag.startswith("-") and refusal(name):
+            raise ArgumentError(refusal(name))
         hint = closest(name, valid)
         hint = hint.replace("'", "'--", 1) if hint else ""
         what = "flag" if flag.startswith("-") else "argument"

@@ -66,3 +66,29 @@ def test_ms_swift_python_entry_points(tmp_path):
     assert any("loss" in row for row in logged)
     assert set(swift.llm.__all__) >= {"sft_main", "pt_main", "rlhf_main", "infer_main", "deploy_main",
                                       "TrainArguments", "RLHFArguments", "InferArguments", "DeployArguments"}
+
+
+def test_every_ms_swift_flag_is_supported_or_refused_in_one_line():
+    """docs/cli.md's table of ms-swift's flags matches the parser: a supported flag is a flag of
+    each command named; a refused one stops `swift <command>` with the one-line reason."""
+    import os
+    import re
+
+    import pytest
+
+    from swift.arguments.ms_swift import REFUSED
+    from swift.arguments.parser import ArgumentError, parse_args
+    from swift.cli.main import ARGUMENT_CLASSES, _import
+
+    table = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cli.md"), encoding="utf-8").read()
+    rows = re.findall(r"^\| `--(\w+)` \| [\w.]+ \| (supported|refused): (.*) \|$", table, re.M)
+    assert len(rows) >= 440
+    classes = {c: _import(path) for c, path in ARGUMENT_CLASSES.items()}
+    for flag, status, detail in rows:
+        if status == "refused":
+            assert REFUSED.get(flag) == detail, flag
+            with pytest.raises(ArgumentError, match=f"^--{flag} is an ms-swift flag this version does not support: "):
+                parse_args(classes["sft"], ["--model", "builtin:tiny-chat", f"--{flag}", "1"])
+        elif flag != "config":
+            for command in re.findall(r"`swift ([\w-]+)`", detail):
+                assert flag in classes[command].field_owners(), (flag, command)
