@@ -10,7 +10,8 @@ BACKENDS = ("transformers", "vllm")
 
 @dataclass
 class GenerationArguments:
-    max_new_tokens: int = field(default=512, metadata={"help": "Most tokens to generate per answer."})
+    max_new_tokens: int | None = field(default=None, metadata={
+        "help": "Most tokens to generate per answer (default: the rest of the model's context after the prompt)."})
     temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0 is greedy."})
     top_k: int = field(default=0, metadata={"help": "Keep the k most likely tokens (0: all)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
@@ -23,7 +24,8 @@ class GenerationArguments:
     def request_config(self):
         from swift.infer.protocol import RequestConfig
 
-        return RequestConfig(max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+        # unset: each request gets the rest of the context (`swift.pipelines.infer.fit_to_context`)
+        return RequestConfig(max_tokens=self.max_new_tokens or 1, temperature=self.temperature, top_p=self.top_p,
                              top_k=self.top_k, repetition_penalty=self.repetition_penalty, stop=list(self.stop_words),
                              logprobs=self.logprobs, top_logprobs=self.top_logprobs, seed=self.seed)
 
@@ -31,7 +33,7 @@ class GenerationArguments:
 @dataclass
 class EngineArguments:
     infer_backend: str = field(default="transformers", metadata={
-        "help": "Inference engine: transformers (built in) or vllm (the [vllm] extra)."})
+        "help": "Inference engine: transformers (built in; ms-swift 3.x's `pt` names it too) or vllm (the [vllm] extra)."})
     adapters: list[str] = field(default_factory=list, metadata={
         "help": "LoRA adapters: DIR (applied to every request) or name=DIR (chosen per request by its model name)."})
     max_batch_size: int = field(default=32, metadata={"help": "Most sequences decoded together."})
@@ -41,6 +43,8 @@ class EngineArguments:
     vllm_enforce_eager: bool = field(default=False, metadata={"help": "vLLM: disable CUDA graphs."})
 
     def __post_init__(self) -> None:
+        if self.infer_backend == "pt":  # ms-swift 3.x's name of the transformers engine
+            self.infer_backend = "transformers"
         if self.infer_backend not in BACKENDS:
             raise SwiftError(f"--infer_backend {self.infer_backend!r} is not one of {', '.join(BACKENDS)}")
         if self.max_batch_size < 1:

@@ -63,6 +63,8 @@ class SftArguments(ComposedArguments):
         has_val = bool(kwargs.get("val_dataset")) or float(kwargs.get("split_dataset_ratio") or 0) > 0
         if kwargs.get("eval_strategy") is None:
             kwargs["eval_strategy"] = "steps" if has_val else "no"
+        if kwargs.get("eval_steps") is None:  # ms-swift evaluates whenever it saves
+            kwargs["eval_steps"] = kwargs.get("save_steps") or 500
         super().__init__(**kwargs)
 
     def __post_init__(self) -> None:

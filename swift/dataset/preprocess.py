@@ -138,6 +138,8 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
             and out["rejected_response"] == messages[-1]["content"]:
         raise RowError("rejected response equals the chosen response")
     out["messages"] = messages
+    for k in used & {"solution", "answer"}:  # also a column, as in ms-swift: reward functions read it
+        out[k] = row[k]
     for k, v in row.items():  # keep every other column (GRPO passes them to reward functions)
         if k not in used and k not in out:
             out[k] = v

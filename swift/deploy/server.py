@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -132,6 +133,9 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
             except Exception as e:  # a conversation the chat template cannot render
                 raise RequestError(f"the chat template cannot render this request: {type(e).__name__}: {e}",
                                    "messages") from None
+            if body.get("max_completion_tokens", body.get("max_tokens")) is None:  # the rest of the context
+                rest = engine.max_model_len - len(prompt)
+                config = replace(config, max_tokens=max(min(rest, limits.max_tokens_limit or rest), 1))
             engine.check(prompt, config)
             infer_request = InferRequest(input_ids=prompt, adapter=infer_request.adapter)
             if body.get("stream"):

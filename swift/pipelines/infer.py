@@ -89,8 +89,10 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
             reference = messages[-1]["content"] if messages[-1]["role"] == "assistant" else None
             prompt = messages[:-1] if reference is not None else messages
             try:
-                response = await engine.infer_async(
-                    InferRequest(messages=prompt, tools=rows.rows[i].get("tools"), adapter=adapter), config)
+                request, row_config = fit_to_context(
+                    engine, InferRequest(messages=prompt, tools=rows.rows[i].get("tools"), adapter=adapter), config,
+                    a.max_new_tokens)
+                response = await engine.infer_async(request, row_config)
             except Exception as e:  # noqa: BLE001 - any failure of one row is that row's
                 if not isinstance(e, SwiftError):
                     e = SwiftError(f"{type(e).__name__}: {e}")
@@ -213,25 +215,44 @@ def interactive(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
             continue
         if not command:
             continue
-        history.append({"role": "user", "content": query})
         messages = ([{"role": "system", "content": system}] if system else []) + history
-        request = InferRequest(messages=messages, adapter=adapter)
+        messages.append({"role": "user", "content": query})
         print(">>> ", end="", flush=True)
-        if a.stream:
-            async def run() -> str:
-                parts = []
-                async for delta in engine.stream_async(request, config):
-                    print(delta.text, end="", flush=True)
-                    parts.append(delta.text)
-                return "".join(parts)
+        try:
+            request, turn = fit_to_context(engine, InferRequest(messages=messages, adapter=adapter), config,
+                                           a.max_new_tokens)
+            if a.stream:
+                async def run() -> str:
+                    parts = []
+                    async for delta in engine.stream_async(request, turn):
+                        print(delta.text, end="", flush=True)
+                        parts.append(delta.text)
+                    return "".join(parts)
 
-            answer = asyncio.run(run())
-        else:
-            answer = engine.infer([request], config)[0].choices[0].text
-            print(answer, end="")
+                answer = asyncio.run(run())
+            else:
+                answer = engine.infer([request], turn)[0].choices[0].text
+                print(answer, end="")
+        except SwiftError as e:  # this turn failed; the conversation goes on without it
+            print(f"\nerror: {e}", flush=True)
+            continue
         print(flush=True)
-        history.append({"role": "assistant", "content": answer})
+        history += [{"role": "user", "content": query}, {"role": "assistant", "content": answer}]
     return {"turns": len(history) // 2}
+
+
+def fit_to_context(engine, request, config, max_new_tokens: int | None):
+    """With --max_new_tokens unset (ms-swift's default), an answer may use the rest of the
+    model's context after the prompt; the request travels as token ids, encoded once."""
+    from dataclasses import replace
+
+    from swift.infer.protocol import InferRequest
+
+    if max_new_tokens is not None:
+        return request, config
+    prompt = engine.encode(request)
+    fitted = InferRequest(input_ids=prompt, adapter=request.adapter)
+    return fitted, replace(config, max_tokens=max(engine.max_model_len - len(prompt), 1))
 
 
 def infer_main(args: InferArguments | list[str] | None = None) -> dict[str, Any]:

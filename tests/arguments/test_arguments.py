@@ -29,6 +29,16 @@ def test_flat_construction_and_defaults():
 def test_eval_strategy_follows_validation_data():
     assert str(SftArguments(model="m", dataset=["d"]).eval_strategy.value) == "no"
     assert str(SftArguments(model="m", dataset=["d"], val_dataset=["v"]).eval_strategy.value) == "steps"
+    # as ms-swift: evaluation comes with each save, not with each log line
+    assert SftArguments(model="m", dataset=["d"], val_dataset=["v"]).eval_steps == 500
+    assert SftArguments(model="m", dataset=["d"], val_dataset=["v"], save_steps=40).eval_steps == 40
+    assert SftArguments(model="m", dataset=["d"], val_dataset=["v"], save_steps=40, eval_steps=7).eval_steps == 7
+
+
+def test_ms_swift_infer_backend_name():
+    from swift.pipelines.infer import InferArguments
+
+    assert InferArguments(model="m", infer_backend="pt").infer_backend == "transformers"
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -98,3 +98,13 @@ def test_shared_real_datasets_load(tmp_path):
         assert len(rows) == n, name
     hh = load_rows([os.path.join(data, "hh_rlhf_harmless_base_test.jsonl") + "#50"])
     assert all("rejected_response" in r for r in hh.rows)
+
+
+def test_problem_solution_rows_keep_the_solution_column():
+    """ms-swift's GRPO examples use {problem, solution}: `solution` is the answer and stays a column
+    that the accuracy reward reads."""
+    row = standardize({"problem": "What is 1+1?", "solution": "\\boxed{2}"})
+    assert row["messages"] == [{"role": "user", "content": "What is 1+1?"},
+                               {"role": "assistant", "content": "\\boxed{2}"}]
+    assert row["solution"] == "\\boxed{2}"
+    assert "response" not in row and standardize({"query": "q", "response": "r"}).keys() == {"messages"}

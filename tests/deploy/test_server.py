@@ -68,6 +68,14 @@ def test_streaming_and_completions(server):
     assert r.object == "text_completion" and r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_max_tokens_left_out_means_the_rest_of_the_context(server):
+    r = client(server).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "12+34="}],
+                                               temperature=0)
+    assert r.usage.total_tokens <= 512 and r.choices[0].finish_reason in ("stop", "length")
+    if r.choices[0].finish_reason == "length":
+        assert r.usage.total_tokens == 512
+
+
 def test_async_client(server):
     async def run():
         c = openai.AsyncOpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0)

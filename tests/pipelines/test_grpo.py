@@ -210,3 +210,13 @@ def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path):
         weights = load_file(out / "model.safetensors")
         for name, tensor in final.items():
             torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_problem_solution_rows_reach_the_accuracy_reward(tmp_path):
+    """ms-swift's GRPO data shape, {problem, solution}: the solution column reaches `accuracy`."""
+    data = tmp_path / "math.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{a}+{b}=", "solution": str(a + b)}) + "\n"
+                            for a in range(4) for b in range(4)))
+    rlhf_main(grpo_argv(tmp_path / "out", "--dataset", str(data), "--max_steps", "1"))
+    logged = [row for row in read(tmp_path / "out" / "logging.jsonl") if "rewards/accuracy/mean" in row]
+    assert logged and 0.0 <= logged[0]["rewards/accuracy/mean"] <= 1.0

@@ -97,3 +97,26 @@ def test_interactive_chat_in_a_terminal():
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_chat_without_max_new_tokens_and_a_failing_turn_goes_on():
+    """ms-swift's default: no --max_new_tokens means the rest of the context (a 512-token model
+    used to fail on the first message: 15 prompt tokens + 512); a turn longer than the context
+    prints one error line and the chat continues."""
+    child = pexpect.spawn(sys.executable, ["-m", "swift", "infer", "--model", "builtin:tiny-chat", "--stream", "false"],
+                          encoding="utf-8", timeout=180, env={**os.environ, "TERM": "dumb"})
+    child.expect("<<< ")
+    child.sendline("12+34=")
+    child.expect(">>> ")
+    child.expect("<<< ")
+    assert "error" not in child.before
+    child.sendline("1+1 " * 300)  # about 600 tokens: more than the whole context
+    child.expect("error: prompt \\([0-9]+ tokens\\) \\+ max_tokens \\(1\\) exceeds the model's context of 512 tokens")
+    child.expect("<<< ")
+    child.sendline("7+5=")
+    child.expect(">>> ")
+    child.expect("<<< ")
+    child.sendline("exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
