@@ -21,6 +21,7 @@ swift pt \
     --warmup_ratio 0.05 \
     --seed "$SEED" \
     --save_strategy no \
+    --add_version false \
     --output_dir "$OUT/pt"
 
 # 2. sft: chat format, loss on the answer only; generation-based eval on the held-out split (sums
@@ -41,6 +42,7 @@ swift sft \
     --generation_max_length 8 \
     --seed "$SEED" \
     --save_strategy no \
+    --add_version false \
     --output_dir "$OUT/sft"
 
 python -c "import json,sys; m=json.load(open(sys.argv[1]))['metrics']; print(f\"eval accuracy: {m['eval_acc']:.3f}\")" "$OUT/sft/result.json"

@@ -35,7 +35,7 @@ def train_argv(output_dir, *extra: str) -> list[str]:
     """A fast sft command line on the tiny model and built-in arithmetic data."""
     return ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft#64", "--output_dir", str(output_dir),
             "--max_steps", "4", "--per_device_train_batch_size", "4", "--logging_steps", "1",
-            "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", *extra]
+            "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", "--add_version", "false", *extra]
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

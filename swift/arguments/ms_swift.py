@@ -63,7 +63,6 @@ REASONS: dict[str, tuple[str, ...]] = {
         ("resume_only_model",),
     "the training data is always shuffled": ("train_dataloader_shuffle",),
     "length-grouped sampling is not implemented": ("group_by_length",),
-    "runs are written to --output_dir as given (no version subfolder)": ("add_version",),
     "model files are not checked before training": ("check_model",),
     "the best checkpoint is not linked": ("create_checkpoint_symlink",),
     "packing fills sequences of --max_length in the main process": ("packing_length", "packing_num_proc"),

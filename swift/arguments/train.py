@@ -29,6 +29,9 @@ class TrainingArguments(Seq2SeqTrainingArguments):
         "help": "Trackers: tensorboard (default), wandb, none, ..."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep our encoded columns (do not change)."})
     use_cpu: bool | None = field(default=None, metadata={"help": "Train on CPU (default: only when no GPU is present)."})
+    add_version: bool = field(default=True, metadata={
+        "help": "Write this run to <output_dir>/v<N>-<YYYYMMDD-HHMMSS> (N counts earlier runs there), so no earlier "
+                "run is overwritten or appended to; false: write to --output_dir itself."})
 
     def __post_init__(self) -> None:
         if self.use_cpu is None:

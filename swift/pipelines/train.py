@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
+import time
 from typing import Any
 
 import torch
@@ -105,10 +107,12 @@ class TrainPipeline:
         train, val, val_rows = self.datasets(template)
         extra = self.trainer_kwargs(model)  # before the tuner wraps the model (a frozen copy may be taken)
         model = prepare_model(model, a.tuner_args, task_type=a.task_type)
-        out = a.output_dir
+        base = a.output_dir
+        out = resolve_output_dir(a)
         args_path = os.path.join(out, "args.json")
         if _is_main():
-            write_json(args_path, a.to_dict())
+            # the base directory, so `--config args.json` repeats the run into a new version beside this one
+            write_json(args_path, {**a.to_dict(), "output_dir": base})
             if getattr(a, "config_file", None):
                 shutil.copy(a.config_file, os.path.join(out, os.path.basename(a.config_file)))
         trainer = self.trainer_cls(
@@ -153,6 +157,47 @@ class TrainPipeline:
         if _is_main():
             write_json(os.path.join(out, "result.json"), result)
         return result
+
+
+VERSION_DIR = re.compile(r"v(\d+)-\d{8}-\d{6}$")
+
+
+def resolve_output_dir(a) -> str:
+    """With --add_version (the default, as in ms-swift) a run writes to
+    <output_dir>/v<N>-<YYYYMMDD-HHMMSS>, N one more than the highest version already there. Rank 0
+    picks the name and the other ranks take it, so they never race. A resumed run continues in
+    the directory of the checkpoint it resumes (`last`: the newest run under --output_dir that has
+    one). Sets --output_dir to the run's directory."""
+    base = a.output_dir
+    if not a.add_version or VERSION_DIR.match(os.path.basename(os.path.normpath(base))):
+        return base  # no version asked for, or the directory already is one (e.g. from args.json)
+    resume = a.resume_from_checkpoint
+    if resume == "last":
+        runs = sorted(_versions(base), reverse=True)
+        run_dir = next((os.path.join(base, d) for _, d in runs if get_last_checkpoint(os.path.join(base, d))), base)
+    elif resume:
+        run_dir = os.path.dirname(os.path.abspath(resume))
+    else:
+        name = None
+        if _is_main():
+            latest = max((n for n, _ in _versions(base)), default=-1)
+            name = f"v{latest + 1}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            shared = [name]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            name = shared[0]
+        run_dir = os.path.join(base, name)
+    a.training_args.output_dir = run_dir  # TensorBoard's events follow it (<run>/runs/...)
+    os.makedirs(run_dir, exist_ok=True)
+    if _is_main():
+        logger.info(f"this run writes to {run_dir}")
+    return run_dir
+
+
+def _versions(base: str) -> list[tuple[int, str]]:
+    if not os.path.isdir(base):
+        return []
+    return [(int(m.group(1)), d) for d in os.listdir(base) if (m := VERSION_DIR.match(d))]
 
 
 def _last_eval(trainer) -> dict[str, float]:

@@ -61,8 +61,9 @@ def test_ms_swift_python_entry_points(tmp_path):
 
     args = TrainArguments(model="builtin:tiny-chat", dataset=["builtin:arith-sft#16"], max_steps=2,
                           per_device_train_batch_size=4, logging_steps=1, output_dir=str(tmp_path), report_to=["none"])
-    sft_main(args)
-    logged = [json.loads(line) for line in open(os.path.join(tmp_path, "logging.jsonl"))]
+    result = sft_main(args)
+    assert os.path.dirname(result["output_dir"]) == str(tmp_path)  # ms-swift's versioned run directory
+    logged = [json.loads(line) for line in open(os.path.join(result["output_dir"], "logging.jsonl"))]
     assert any("loss" in row for row in logged)
     assert set(swift.llm.__all__) >= {"sft_main", "pt_main", "rlhf_main", "infer_main", "deploy_main",
                                       "TrainArguments", "RLHFArguments", "InferArguments", "DeployArguments"}

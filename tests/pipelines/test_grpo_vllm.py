@@ -55,7 +55,7 @@ def test_grpo_trains_with_colocated_vllm(tmp_path):
                         "--max_completion_length", "6", "--max_steps", "2", "--logging_steps", "1",
                         "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
                         "--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.2",
-                        "--output_dir", str(tmp_path)])
+                        "--output_dir", str(tmp_path), "--add_version", "false"])
     assert result["global_step"] == 2
     logs = [json.loads(line) for line in open(tmp_path / "logging.jsonl")]
     assert all(r["completions/mean_length"] > 0 for r in logs if "reward" in r)

@@ -80,7 +80,7 @@ def test_merged_reward_model_keeps_its_trained_value_head(tmp_path):
 
     adapter = tmp_path / "rm"
     rlhf_main(["--rlhf_type", "rm", "--model", "builtin:tiny-chat", "--dataset", "builtin:arith-dpo#16",
-               "--output_dir", str(adapter), "--max_steps", "2", "--per_device_train_batch_size", "4",
+               "--output_dir", str(adapter), "--add_version", "false", "--max_steps", "2", "--per_device_train_batch_size", "4",
                "--learning_rate", "5e-2", "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true"])
     merge_lora_main(["--adapters", str(adapter), "--output_dir", str(tmp_path / "merged")])
     merged = AutoModelForSequenceClassification.from_pretrained(tmp_path / "merged").eval()

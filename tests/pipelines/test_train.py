@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -114,14 +115,37 @@ def test_killed_run_resumes_to_identical_weights(tmp_path):
     assert max((straight[k] - resumed[k]).abs().max().item() for k in straight) < 1e-5
 
 
+def test_each_run_gets_its_own_version_directory(tmp_path):
+    """--add_version (the default): runs into the same --output_dir land in v0-..., v1-...; the first
+    run's files are left as they were; `--resume_from_checkpoint last` continues the newest run that
+    has a checkpoint, in its own directory."""
+    first = sft_main(train_argv(tmp_path, "--add_version", "true", "--save_strategy", "steps", "--save_steps", "2"))
+    kept = open(os.path.join(first["output_dir"], "logging.jsonl")).read()
+    second = sft_main(train_argv(tmp_path, "--add_version", "true"))
+    runs = sorted(os.listdir(tmp_path))
+    assert [r.split("-")[0] for r in runs] == ["v0", "v1"] and all(re.fullmatch(r"v\d-\d{8}-\d{6}", r) for r in runs)
+    assert first["output_dir"] == str(tmp_path / runs[0]) and second["output_dir"] == str(tmp_path / runs[1])
+    assert open(os.path.join(first["output_dir"], "logging.jsonl")).read() == kept
+    assert json.load(open(os.path.join(first["output_dir"], "args.json")))["output_dir"] == str(tmp_path)
+    resumed = sft_main(train_argv(tmp_path, "--add_version", "true", "--resume_from_checkpoint", "last",
+                                  "--max_steps", "6"))
+    assert resumed["output_dir"] == first["output_dir"] and resumed["global_step"] == 6
+    assert sorted(os.listdir(tmp_path)) == runs
+
+
 def test_two_rank_ddp_ends_in_sync(tmp_path):
     from tests.deploy.serving import free_port
 
     env = {**os.environ, "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
-    out = tmp_path / "ddp"
-    proc = subprocess.run([sys.executable, "-m", "swift", "sft", *train_argv(out, "--tuner_type", "full")],
+    base = tmp_path / "ddp"
+    # with --add_version (ms-swift's default) rank 0 names the run's directory and rank 1 takes it
+    proc = subprocess.run([sys.executable, "-m", "swift", "sft",
+                           *train_argv(base, "--tuner_type", "full", "--add_version", "true")],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
+    [run] = os.listdir(base)
+    out = base / run
+    assert re.fullmatch(r"v0-\d{8}-\d{6}", run)
     result = json.load(open(out / "result.json"))
     assert len(result["rank_checksums"]) == 2 and len(set(result["rank_checksums"])) == 1
     # each rank took its own shard: 4 steps x 4 rows x 2 ranks = half of the 64 rows

@@ -40,7 +40,7 @@ GRPO_ARGS = ["--rlhf_type", "grpo", "--tuner_type", "lora", "--reward_funcs", "a
              "--num_generations", "8", "--per_device_train_batch_size", "256", "--max_completion_length", "6",
              "--temperature", "2.0", "--beta", "0", "--learning_rate", "2e-3", "--warmup_ratio", "0.05",
              "--max_steps", "180", "--eval_on_start", "true", "--eval_steps", "180", "--logging_steps", "20",
-             "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true"]
+             "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", "--add_version", "false"]
 
 
 def grpo_figure(qs: str, out: str, seed: int = DEFAULT_SEED) -> float:
