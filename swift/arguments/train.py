@@ -64,8 +64,9 @@ class SftArguments(ComposedArguments):
         if kwargs.get("learning_rate") is None:
             kwargs["learning_rate"] = 1e-4 if tuner == "lora" else 1e-5
         has_val = bool(kwargs.get("val_dataset")) or float(kwargs.get("split_dataset_ratio") or 0) > 0
-        if kwargs.get("eval_strategy") is None:
-            kwargs["eval_strategy"] = "steps" if has_val else "no"
+        if kwargs.get("eval_strategy") is None:  # with validation data, evaluate whenever a checkpoint is saved
+            kwargs["eval_strategy"] = ("epoch" if str(kwargs.get("save_strategy")) == "epoch" else "steps") \
+                if has_val else "no"
         if kwargs.get("eval_steps") is None:  # ms-swift evaluates whenever it saves
             kwargs["eval_steps"] = kwargs.get("save_steps") or 500
         super().__init__(**kwargs)

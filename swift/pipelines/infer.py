@@ -74,7 +74,8 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     score = METRICS.get(a.metric) if a.metric else None
     run = {"val_dataset": list(a.val_dataset), "model": a.model, "adapters": list(a.adapters),
-           "template": a.template, "system": a.system, "generation": asdict(config), "num_rows": len(rows)}
+           "template": a.template, "system": a.system,
+           "generation": {**asdict(config), "max_tokens": a.max_new_tokens}, "num_rows": len(rows)}
     done = _resume(path, run, rows.origins)
     todo = [i for i in range(len(rows)) if i not in done]
     if done:
@@ -233,8 +234,8 @@ def interactive(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
             else:
                 answer = engine.infer([request], turn)[0].choices[0].text
                 print(answer, end="")
-        except SwiftError as e:  # this turn failed; the conversation goes on without it
-            print(f"\nerror: {e}", flush=True)
+        except Exception as e:  # noqa: BLE001 - this turn failed; the conversation goes on without it
+            print(f"\nerror: {e if isinstance(e, SwiftError) else f'{type(e).__name__}: {e}'}", flush=True)
             continue
         print(flush=True)
         history += [{"role": "user", "content": query}, {"role": "assistant", "content": answer}]

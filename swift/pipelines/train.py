@@ -113,8 +113,9 @@ class TrainPipeline:
         if _is_main():
             # the base directory, so `--config args.json` repeats the run into a new version beside this one
             write_json(args_path, {**a.to_dict(), "output_dir": base})
-            if getattr(a, "config_file", None):
-                shutil.copy(a.config_file, os.path.join(out, os.path.basename(a.config_file)))
+            config = getattr(a, "config_file", None)
+            if config and os.path.basename(config) != "args.json":  # args.json above already holds it all
+                shutil.copy(config, os.path.join(out, os.path.basename(config)))
         trainer = self.trainer_cls(
             model=model, args=a.training_args, train_dataset=train, eval_dataset=val,
             data_collator=self.collator(tokenizer, model), processing_class=tokenizer,
@@ -164,34 +165,50 @@ VERSION_DIR = re.compile(r"v(\d+)-\d{8}-\d{6}$")
 
 def resolve_output_dir(a) -> str:
     """With --add_version (the default, as in ms-swift) a run writes to
-    <output_dir>/v<N>-<YYYYMMDD-HHMMSS>, N one more than the highest version already there. Rank 0
-    picks the name and the other ranks take it, so they never race. A resumed run continues in
-    the directory of the checkpoint it resumes (`last`: the newest run under --output_dir that has
-    one). Sets --output_dir to the run's directory."""
+    <output_dir>/v<N>-<YYYYMMDD-HHMMSS>, N one more than the highest version already there, the
+    directory claimed by rank 0 and its name shared with the other ranks, so they never race (and
+    two jobs started together never share one). A resumed run continues in the directory of its
+    checkpoint when that is a run under --output_dir (`last`: the newest such run with a
+    checkpoint); a checkpoint from elsewhere starts a new version. Sets --output_dir to the run's
+    directory."""
     base = a.output_dir
-    if not a.add_version or VERSION_DIR.match(os.path.basename(os.path.normpath(base))):
-        return base  # no version asked for, or the directory already is one (e.g. from args.json)
+    if not a.add_version:
+        return base
     resume = a.resume_from_checkpoint
-    if resume == "last":
+    run_dir = None
+    if resume == "last":  # every rank checks, so a refusal stops them all
         runs = sorted(_versions(base), reverse=True)
-        run_dir = next((os.path.join(base, d) for _, d in runs if get_last_checkpoint(os.path.join(base, d))), base)
+        run_dir = next((os.path.join(base, d) for _, d in runs if get_last_checkpoint(os.path.join(base, d))), None)
+        if run_dir is None:
+            raise SwiftError(f"--resume_from_checkpoint last: no run under {base} has a checkpoint")
     elif resume:
-        run_dir = os.path.dirname(os.path.abspath(resume))
-    else:
-        name = None
-        if _is_main():
-            latest = max((n for n, _ in _versions(base)), default=-1)
-            name = f"v{latest + 1}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            shared = [name]
-            torch.distributed.broadcast_object_list(shared, src=0)
-            name = shared[0]
-        run_dir = os.path.join(base, name)
+        if not os.path.isdir(resume):
+            raise SwiftError(f"--resume_from_checkpoint {resume}: no such checkpoint directory")
+        parent = os.path.dirname(os.path.abspath(resume))
+        if os.path.dirname(parent) == os.path.abspath(base):
+            run_dir = parent  # one of this --output_dir's runs: it goes on there
+    if run_dir is None and _is_main():
+        run_dir = _claim_version(base)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        shared = [run_dir]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        run_dir = shared[0]
     a.training_args.output_dir = run_dir  # TensorBoard's events follow it (<run>/runs/...)
-    os.makedirs(run_dir, exist_ok=True)
     if _is_main():
         logger.info(f"this run writes to {run_dir}")
     return run_dir
+
+
+def _claim_version(base: str) -> str:
+    os.makedirs(base, exist_ok=True)
+    n = max((n for n, _ in _versions(base)), default=-1) + 1
+    while True:
+        run_dir = os.path.join(base, f"v{n}-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            os.mkdir(run_dir)  # atomic: a job started in the same second takes the next number
+            return run_dir
+        except FileExistsError:
+            n += 1
 
 
 def _versions(base: str) -> list[tuple[int, str]]:

@@ -33,6 +33,8 @@ def test_eval_strategy_follows_validation_data():
     assert SftArguments(model="m", dataset=["d"], val_dataset=["v"]).eval_steps == 500
     assert SftArguments(model="m", dataset=["d"], val_dataset=["v"], save_steps=40).eval_steps == 40
     assert SftArguments(model="m", dataset=["d"], val_dataset=["v"], save_steps=40, eval_steps=7).eval_steps == 7
+    assert str(SftArguments(model="m", dataset=["d"], val_dataset=["v"], save_strategy="epoch")
+               .eval_strategy.value) == "epoch"
 
 
 def test_ms_swift_infer_backend_name():

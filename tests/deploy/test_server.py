@@ -68,12 +68,26 @@ def test_streaming_and_completions(server):
     assert r.object == "text_completion" and r.choices[0].finish_reason in ("stop", "length")
 
 
-def test_max_tokens_left_out_means_the_rest_of_the_context(server):
-    r = client(server).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "12+34="}],
-                                               temperature=0)
-    assert r.usage.total_tokens <= 512 and r.choices[0].finish_reason in ("stop", "length")
-    if r.choices[0].finish_reason == "length":
-        assert r.usage.total_tokens == 512
+def test_max_tokens_left_out_means_the_rest_of_the_context():
+    """A model that never ends its answer, asked without max_tokens, writes until the context (512
+    tokens) is full, as vLLM's server does (the old default stopped at 256 new tokens)."""
+    from swift.deploy.server import create_app
+    from swift.infer.transformers_engine import TransformersEngine
+    from swift.model import load_model
+    from swift.template import get_template
+    from tests.deploy.serving import serve_in_thread
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    engine = TransformersEngine(model, tokenizer, get_template("jinja", tokenizer))
+    engine.eos_ids = set()
+    try:
+        with serve_in_thread(create_app("tiny", engine=engine)) as base:
+            r = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0).chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "12+34="}], temperature=0)
+    finally:
+        engine.close()
+    assert r.choices[0].finish_reason == "length" and r.usage.total_tokens == 512
+    assert r.usage.completion_tokens > 256
 
 
 def test_async_client(server):

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from swift import SftArguments, pt_main, sft_main
+from swift.utils.registry import SwiftError
 from tests.conftest import train_argv
 
 
@@ -131,6 +132,32 @@ def test_each_run_gets_its_own_version_directory(tmp_path):
                                   "--max_steps", "6"))
     assert resumed["output_dir"] == first["output_dir"] and resumed["global_step"] == 6
     assert sorted(os.listdir(tmp_path)) == runs
+    # a checkpoint path of one of these runs goes on there; one from elsewhere starts a new version
+    checkpoint = os.path.join(first["output_dir"], "checkpoint-2")
+    again = sft_main(train_argv(tmp_path, "--add_version", "true", "--resume_from_checkpoint", checkpoint))
+    assert again["output_dir"] == first["output_dir"]
+    other = sft_main(train_argv(tmp_path / "elsewhere", "--add_version", "true", "--resume_from_checkpoint",
+                                checkpoint))
+    assert os.path.dirname(other["output_dir"]) == str(tmp_path / "elsewhere")
+    with pytest.raises(SwiftError, match="no run under .* has a checkpoint"):
+        sft_main(train_argv(tmp_path / "empty", "--add_version", "true", "--resume_from_checkpoint", "last"))
+    with pytest.raises(SwiftError, match="no such checkpoint directory"):
+        sft_main(train_argv(tmp_path, "--add_version", "true", "--resume_from_checkpoint", str(tmp_path / "nope")))
+    assert sorted(os.listdir(tmp_path)) == sorted([*runs, "elsewhere"])
+
+
+def test_other_ranks_take_the_run_directory_rank_0_picked(tmp_path, monkeypatch):
+    """Ranks never name a run themselves: a rank other than 0 creates nothing and takes the
+    broadcast name (here a fake process group hands it over)."""
+    import swift.pipelines.train as train
+
+    args = SftArguments(model="m", dataset=["d"], output_dir=str(tmp_path))
+    monkeypatch.setattr(train, "_is_main", lambda: False)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list",
+                        lambda shared, src: shared.__setitem__(0, str(tmp_path / "v7-20990101-000000")))
+    assert train.resolve_output_dir(args) == str(tmp_path / "v7-20990101-000000") == args.output_dir
+    assert os.listdir(tmp_path) == []
 
 
 def test_two_rank_ddp_ends_in_sync(tmp_path):
