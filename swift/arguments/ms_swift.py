@@ -79,13 +79,11 @@ REASONS: dict[str, tuple[str, ...]] = {
         ("swanlab_token", "swanlab_project", "swanlab_workspace", "swanlab_exp_name", "swanlab_notification_method",
          "swanlab_webhook_url", "swanlab_secret", "swanlab_mode"),
     # -- tuners --------------------------------------------------------------------------------------
-    "LoRA targets are chosen with --target_modules": ("target_regex", "target_parameters"),
-    "LoRA weights use PEFT's default initialisation": ("init_weights",),
-    "extra modules to train and save alongside LoRA are not supported": ("modules_to_save",),
+    "LoRA on parameters (rather than modules) is not implemented; choose modules with --target_modules or "
+    "--target_regex": ("target_parameters",),
     "full tuning freezes with --freeze_parameters / --freeze_parameters_ratio":
         ("freeze_parameters_regex", "trainable_parameters_regex"),
-    "LoRA variants (bias training, DoRA, rsLoRA, LoRA+, a separate LoRA dtype) are not implemented":
-        ("lora_bias", "lora_dtype", "use_dora", "use_rslora", "lorap_lr_ratio"),
+    "LoRA+ (a larger learning rate for B) is not implemented": ("lorap_lr_ratio",),
     _NO_TUNER: ("lora_ga_batch_size", "lora_ga_iters", "lora_ga_max_length", "lora_ga_direction", "lora_ga_scale",
                 "lora_ga_stable_gamma", "fourier_n_frequency", "fourier_scaling", "boft_block_size", "boft_block_num",
                 "boft_dropout", "vera_rank", "vera_projection_prng_key", "vera_dropout", "vera_d_initial",

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from swift.utils.registry import SwiftError
 
 TUNER_TYPES = ("lora", "full")
+INIT_WEIGHTS = ("true", "false", "gaussian", "pissa", "olora")
 
 
 @dataclass
@@ -23,6 +24,18 @@ class TunerArguments:
     trainable_parameters: list[str] = field(default_factory=list, metadata={
         "help": "Full tuning: prefixes kept trainable even when frozen by the two flags above."})
     adapters: list[str] = field(default_factory=list, metadata={"help": "Existing LoRA adapter directories to load (and keep training)."})
+    target_regex: str | None = field(default=None, metadata={
+        "help": "LoRA: a regular expression over module names (full match) choosing the LoRA modules; overrides "
+                "--target_modules."})
+    modules_to_save: list[str] = field(default_factory=list, metadata={
+        "help": "LoRA: modules (e.g. embed_tokens, lm_head) trained in full and saved beside the adapter."})
+    lora_bias: str = field(default="none", metadata={"help": "LoRA: biases to train: none, all, or lora_only."})
+    use_dora: bool = field(default=False, metadata={"help": "LoRA: weight-decomposed LoRA (DoRA)."})
+    use_rslora: bool = field(default=False, metadata={"help": "LoRA: rank-stabilised scaling alpha / sqrt(r)."})
+    init_weights: str = field(default="true", metadata={
+        "help": "LoRA initialisation: true (PEFT's default: B = 0), false (B random too), gaussian, pissa or olora."})
+    lora_dtype: str | None = field(default=None, metadata={
+        "help": "LoRA: dtype of the adapter weights (float32, bfloat16, float16; default: the model's)."})
 
     def __post_init__(self) -> None:
         if self.train_type is not None:
@@ -31,5 +44,18 @@ class TunerArguments:
             raise SwiftError(f"--tuner_type {self.tuner_type!r} is not one of {', '.join(TUNER_TYPES)}")
         if not 0.0 <= self.freeze_parameters_ratio <= 1.0:
             raise SwiftError(f"--freeze_parameters_ratio must be in [0, 1], got {self.freeze_parameters_ratio}")
+        if self.lora_bias not in ("none", "all", "lora_only"):
+            raise SwiftError(f"--lora_bias {self.lora_bias!r} is not one of none, all, lora_only")
+        if str(self.init_weights).lower() not in INIT_WEIGHTS:
+            raise SwiftError(f"--init_weights {self.init_weights!r} is not one of {', '.join(INIT_WEIGHTS)}")
+        if self.lora_dtype not in (None, "float32", "bfloat16", "float16"):
+            raise SwiftError(f"--lora_dtype {self.lora_dtype!r} is not one of float32, bfloat16, float16")
+        if self.target_regex is not None:
+            import re
+
+            try:
+                re.compile(self.target_regex)
+            except re.error as e:
+                raise SwiftError(f"--target_regex {self.target_regex!r} is not a valid regular expression: {e}") from None
         if self.tuner_type == "lora" and (self.freeze_parameters or self.freeze_parameters_ratio):
             raise SwiftError("--freeze_parameters / --freeze_parameters_ratio apply to --tuner_type full")

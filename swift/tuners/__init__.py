@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from transformers import PreTrainedModel
 
@@ -22,14 +23,26 @@ def prepare_model(model: PreTrainedModel, args, *, task_type: str = "causal_lm")
             model.load_adapter(extra, adapter_name=extra)
     elif args.tuner_type == "lora":
         target = args.target_modules
+        init = str(args.init_weights).lower()
         config = LoraConfig(
             r=args.lora_rank,
             lora_alpha=args.lora_alpha,
             lora_dropout=args.lora_dropout,
-            target_modules="all-linear" if target == ["all-linear"] else target,
+            # a string is a regular expression PEFT full-matches against module names
+            target_modules=args.target_regex or ("all-linear" if target == ["all-linear"] else target),
             task_type=PEFT_TASK_TYPES[task_type],  # seq_cls/token_cls also train and save the head
+            modules_to_save=list(args.modules_to_save) or None,
+            bias=args.lora_bias,
+            use_dora=args.use_dora,
+            use_rslora=args.use_rslora,
+            init_lora_weights={"true": True, "false": False}.get(init, init),
         )
         model = get_peft_model(model, config)
+        if args.lora_dtype:
+            dtype = getattr(torch, args.lora_dtype)
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.data = p.data.to(dtype)
     else:
         freeze(model, args.freeze_parameters, args.freeze_parameters_ratio, args.trainable_parameters)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

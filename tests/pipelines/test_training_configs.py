@@ -61,3 +61,40 @@ def test_lora_weight_sync_never_writes_the_base_weights(tiny):
     assert sent.keys() == merged.keys()
     for name, tensor in merged.items():
         torch.testing.assert_close(sent[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_ms_swift_lora_variants_train_and_are_saved(tmp_path):
+    """ms-swift's LoRA flags reach PEFT: rsLoRA scaling, regex targets, modules trained in full,
+    trained biases and a separate adapter dtype in one run; DoRA with random B in another. Each
+    trains (finite loss) and its adapter_config.json and weights say what was used."""
+    from peft import PeftModel
+
+    from swift import sft_main
+
+    out = tmp_path / "variants"
+    result = sft_main(train_argv(out, "--use_rslora", "true", "--target_regex", r".*\.(q_proj|v_proj)",
+                                 "--modules_to_save", "norm", "--lora_bias", "all", "--lora_dtype", "bfloat16",
+                                 "--learning_rate", "1e-2"))
+    config = json.load(open(out / "adapter_config.json"))
+    assert config["use_rslora"] and config["target_modules"] == r".*\.(q_proj|v_proj)"
+    assert config["modules_to_save"] == ["norm"] and config["bias"] == "all"
+    assert math.isfinite(result["metrics"]["train_loss"])
+    from safetensors.torch import load_file
+
+    saved = load_file(out / "adapter_model.safetensors")
+    assert all(t.dtype == torch.bfloat16 for k, t in saved.items() if "lora_" in k)
+    base, _, _ = load_model("builtin:tiny-chat")
+    model = PeftModel.from_pretrained(base, out)
+    names = [n for n, _ in model.named_parameters() if "lora_A" in n]
+    assert names and all(".q_proj." in n or ".v_proj." in n for n in names)
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert abs(layer.scaling["default"] - 32 / math.sqrt(8)) < 1e-9  # alpha / sqrt(r), not alpha / r
+    assert any("modules_to_save" in n for n, _ in model.named_parameters())
+
+    out = tmp_path / "dora"
+    result = sft_main(train_argv(out, "--use_dora", "true", "--init_weights", "false", "--learning_rate", "1e-2"))
+    config = json.load(open(out / "adapter_config.json"))
+    assert config["use_dora"] and config["init_lora_weights"] is False
+    assert math.isfinite(result["metrics"]["train_loss"])
+    model = PeftModel.from_pretrained(load_model("builtin:tiny-chat")[0], out)
+    assert any("lora_magnitude_vector" in n for n, _ in model.named_parameters())
