@@ -18,8 +18,12 @@ class DataArguments:
     streaming: bool = field(default=False, metadata={"help": "Read and encode data lazily as training consumes it (needs --max_steps)."})
     packing: bool = field(default=False, metadata={"help": "Bin-pack samples into rows of --max_length; tokens never attend across samples."})
     dataset_shuffle: bool = field(default=True, metadata={"help": "Shuffle the mixed dataset once after loading."})
+    dataset_num_proc: int = field(default=1, metadata={
+        "help": "Processes that encode (tokenize) the rows; the result is the same as with 1."})
 
     def __post_init__(self) -> None:
+        if self.dataset_num_proc < 1:
+            raise SwiftError(f"--dataset_num_proc must be at least 1, got {self.dataset_num_proc}")
         if not 0.0 <= self.split_dataset_ratio < 1.0:
             raise SwiftError(f"--split_dataset_ratio must be in [0, 1), got {self.split_dataset_ratio}")
         if isinstance(self.dataset, str):

@@ -30,7 +30,6 @@ REASONS: dict[str, tuple[str, ...]] = {
     "streaming reads rows in file order without a shuffle buffer": ("shuffle_buffer_size",),
     "hub downloads reuse the local cache": ("download_mode",),
     "the validation split is not shuffled": ("val_dataset_shuffle",),
-    "rows are encoded in the main process": ("dataset_num_proc",),
     "the self-cognition dataset is not built in": ("model_name", "model_author"),
     # -- template ------------------------------------------------------------------------------------
     _MULTIMODAL: ("max_pixels", "norm_bbox", "freeze_llm", "freeze_vit", "freeze_aligner", "vit_gradient_checkpointing",

@@ -17,17 +17,69 @@ from swift.utils.registry import SwiftError
 logger = get_logger(__name__)
 
 
-def encode_rows(rowset: RowSet, template: Template, *, strict: bool, desc: str = "encode") -> list[dict]:
-    """Encode every row; rows that cannot be encoded are dropped and counted (or raise with strict)."""
+def encode_rows(rowset: RowSet, encode, *, strict: bool, desc: str = "encode", num_proc: int = 1) -> list[dict]:
+    """`encode(row)` for every row (a Template encodes conversations for training); rows that cannot
+    be encoded are dropped and counted (or raise with strict). With `num_proc` > 1 the rows are
+    encoded by that many forked processes, in order: the result is the same as with one."""
+    if isinstance(encode, Template):
+        encode = _TemplateEncode(encode)
+    bar = tqdm(total=len(rowset), desc=desc, leave=False, mininterval=1)
     samples = []
-    for row, origin in tqdm(zip(rowset.rows, rowset.origins), total=len(rowset), desc=desc, leave=False, mininterval=1):
-        try:
-            enc = template.encode(row)
-        except RowError as e:
-            rowset.reject(origin, e, strict)
-            continue
-        samples.append({"input_ids": enc.input_ids, "labels": enc.labels})
+    for (ok, value), origin in zip(_encoded(rowset.rows, encode, num_proc, bar), rowset.origins):
+        if ok:
+            samples.append(value)
+        else:
+            rowset.reject(origin, RowError(value), strict)
+    bar.close()
     return samples
+
+
+class _TemplateEncode:
+    def __init__(self, template: Template):
+        self.template = template
+
+    def __call__(self, row: dict) -> dict:
+        enc = self.template.encode(row)
+        return {"input_ids": enc.input_ids, "labels": enc.labels}
+
+
+_WORK: tuple | None = None  # (encode, rows), inherited by forked encoding workers
+
+
+def _encode_slice(bounds: tuple[int, int]) -> list[tuple[bool, object]]:
+    encode, rows = _WORK
+    out = []
+    for i in range(*bounds):
+        try:
+            out.append((True, encode(rows[i])))
+        except RowError as e:
+            out.append((False, str(e)))
+    return out
+
+
+def _encoded(rows: list[dict], encode, num_proc: int, bar) -> Iterator[tuple[bool, object]]:
+    global _WORK
+    import multiprocessing
+
+    if num_proc <= 1 or len(rows) < 2 * num_proc or "fork" not in multiprocessing.get_all_start_methods():
+        _WORK = (encode, rows)
+        try:
+            for i in range(len(rows)):
+                yield from _encode_slice((i, i + 1))
+                bar.update()
+        finally:
+            _WORK = None
+        return
+    size = max(1, min(1000, len(rows) // (4 * num_proc)))
+    chunks = [(s, min(s + size, len(rows))) for s in range(0, len(rows), size)]
+    _WORK = (encode, rows)
+    try:
+        with multiprocessing.get_context("fork").Pool(num_proc) as pool:
+            for part in pool.imap(_encode_slice, chunks):
+                bar.update(len(part))
+                yield from part
+    finally:
+        _WORK = None
 
 
 class ListDataset(Dataset):

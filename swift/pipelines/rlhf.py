@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from swift.arguments.rlhf import RLHFArguments
+from swift.dataset.encode import encode_rows
 from swift.dataset.loader import RowSet
 from swift.model import load_model
 from swift.pipelines.base import resolve_args
@@ -167,13 +168,9 @@ class RLHFPipeline(TrainPipeline):
         self.trainer_cls = TRAINERS[self.algorithm.trainer]
 
     def encode(self, rowset: RowSet, template: Template, desc: str) -> list[dict]:
-        encode = ENCODERS[self.algorithm.data]
-        samples = []
-        for row, origin in zip(rowset.rows, rowset.origins):
-            try:
-                samples.append(encode(template, row, self.args))
-            except RowError as e:
-                rowset.reject(origin, e, self.args.strict)
+        encode, a = ENCODERS[self.algorithm.data], self.args
+        samples = encode_rows(rowset, lambda row: encode(template, row, a), strict=a.strict, desc=desc,
+                              num_proc=a.dataset_num_proc)
         if self.algorithm.data == "unpaired":
             samples = add_mismatched(samples, self.args.per_device_train_batch_size *
                                      self.args.training_args.world_size)

@@ -89,7 +89,7 @@ class TrainPipeline:
         return train, val, val_rows.rows
 
     def encode(self, rowset: RowSet, template, desc: str) -> list[dict]:
-        return encode_rows(rowset, template, strict=self.args.strict, desc=desc)
+        return encode_rows(rowset, template, strict=self.args.strict, desc=desc, num_proc=self.args.dataset_num_proc)
 
     def collator(self, tokenizer, model):
         return Collator(tokenizer.pad_token_id, dtype=model.dtype)

@@ -1,3 +1,6 @@
+import json
+
+import pytest
 import torch
 
 from swift.dataset.encode import Collator, pack
@@ -54,3 +57,36 @@ def test_label_only_loss_equals_full_logits_loss(tiny):
         ours = causal_lm_loss(model, batch, None)
         reference = model(**batch).loss
     assert torch.allclose(ours, reference, atol=1e-5)
+
+
+@pytest.mark.parametrize("rlhf_type", [None, "dpo", "kto"])
+def test_dataset_num_proc_encodes_the_same_rows_in_parallel(tmp_path, rlhf_type):
+    """--dataset_num_proc 2 (forked workers) gives exactly the samples and the dropped-row report of
+    one process, through the pipelines' own encode (sft; the rlhf pair and unpaired encoders)."""
+    from swift.dataset.loader import load_rows
+    from swift.pipelines.base import resolve_args
+
+    if rlhf_type is None:
+        from swift.arguments import SftArguments as Args
+        from swift.pipelines.train import TrainPipeline as Pipeline
+        data, extra = "builtin:arith-sft#200", []
+    else:
+        from swift.arguments.rlhf import RLHFArguments as Args
+        from swift.pipelines.rlhf import RLHFPipeline as Pipeline
+        data, extra = "builtin:arith-dpo#200", ["--rlhf_type", rlhf_type]
+    rows = tmp_path / "rows.jsonl"
+    good = load_rows([data]).rows
+    broken = [{"messages": [{"role": "user", "content": "x"}], "rejected_response": "y"}] * 3  # no answer
+    rows.write_text("".join(json.dumps(r) + "\n" for r in good[:60] + broken + good[60:]))
+    if rlhf_type == "kto":
+        rows.write_text("".join(json.dumps({**r, "label": i % 2 == 0}) + "\n" for i, r in enumerate(good)))
+    out = []
+    for procs in ("1", "2"):
+        a = resolve_args(Args, ["--model", "builtin:tiny-chat", "--dataset", str(rows), "--dataset_num_proc", procs,
+                                "--output_dir", str(tmp_path), *extra], "swift")
+        pipeline = Pipeline(a)
+        _, _, template, _ = pipeline.load()
+        rowset = load_rows([str(rows)], shuffle=False)
+        samples = pipeline.encode(rowset, template, "encode")
+        out.append((samples, dict(rowset.dropped)))
+    assert out[0] == out[1] and len(out[0][0]) >= 100
