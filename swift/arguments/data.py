@@ -18,10 +18,19 @@ class DataArguments:
     streaming: bool = field(default=False, metadata={"help": "Read and encode data lazily as training consumes it (needs --max_steps)."})
     packing: bool = field(default=False, metadata={"help": "Bin-pack samples into rows of --max_length; tokens never attend across samples."})
     dataset_shuffle: bool = field(default=True, metadata={"help": "Shuffle the mixed dataset once after loading."})
+    model_name: list[str] = field(default_factory=list, metadata={
+        "help": "Fills {{NAME}} in the rows (e.g. builtin:self-cognition): one value, or the Chinese and English form."})
+    model_author: list[str] = field(default_factory=list, metadata={
+        "help": "Fills {{AUTHOR}} in the rows: one value, or the Chinese and English form."})
     dataset_num_proc: int = field(default=1, metadata={
         "help": "Processes that encode (tokenize) the rows; the result is the same as with 1."})
 
     def __post_init__(self) -> None:
+        for flag in ("model_name", "model_author"):
+            if isinstance(getattr(self, flag), str):
+                setattr(self, flag, [getattr(self, flag)])
+            if len(getattr(self, flag)) > 2:
+                raise SwiftError(f"--{flag} takes one value, or two (the Chinese and the English form)")
         if self.dataset_num_proc < 1:
             raise SwiftError(f"--dataset_num_proc must be at least 1, got {self.dataset_num_proc}")
         if not 0.0 <= self.split_dataset_ratio < 1.0:

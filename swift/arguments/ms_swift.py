@@ -30,7 +30,6 @@ REASONS: dict[str, tuple[str, ...]] = {
     "streaming reads rows in file order without a shuffle buffer": ("shuffle_buffer_size",),
     "hub downloads reuse the local cache": ("download_mode",),
     "the validation split is not shuffled": ("val_dataset_shuffle",),
-    "the self-cognition dataset is not built in": ("model_name", "model_author"),
     # -- template ------------------------------------------------------------------------------------
     _MULTIMODAL: ("max_pixels", "norm_bbox", "freeze_llm", "freeze_vit", "freeze_aligner", "vit_gradient_checkpointing",
                   "vit_lr", "aligner_lr", "vllm_limit_mm_per_prompt", "vllm_mm_processor_cache_gb", "is_multimodal"),
@@ -122,7 +121,6 @@ REASONS: dict[str, tuple[str, ...]] = {
     "GRPO evaluation generates --num_generations samples": ("num_generations_eval",),
     "reward models are given by --reward_model / --reward_model_url; plugins register reward functions":
         ("reward_model_plugin",),
-    "the rollout server is named by --vllm_server_host / --vllm_server_port": ("vllm_server_base_url",),
     "swift's rollout server protocol is its own (docs/rollout.md); these ms-swift server options do not apply":
         ("vllm_server_pass_dataset", "vllm_server_group_port", "enable_flattened_weight_sync"),
     "the colocated vLLM engine receives LoRA-merged weights": ("vllm_enable_lora",),

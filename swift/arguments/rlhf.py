@@ -44,6 +44,14 @@ class RlhfArguments:
     def __post_init__(self) -> None:
         from swift.rlhf import ALGORITHMS
 
+        if self.vllm_server_base_url:
+            from urllib.parse import urlsplit
+
+            url = urlsplit(self.vllm_server_base_url)
+            if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
+                raise SwiftError(f"--vllm_server_base_url {self.vllm_server_base_url!r} must look like "
+                                 "http://HOST:PORT (the rollout server speaks plain HTTP)")
+            self.vllm_server_host, self.vllm_server_port = url.hostname, url.port or 80
         algo = ALGORITHMS.get(self.rlhf_type)
         for name, value in algo.defaults.items():
             if getattr(self, name) is None:
@@ -136,6 +144,8 @@ class RlhfArguments:
                 "server at --vllm_server_host/--vllm_server_port)."})
     vllm_server_host: str = field(default="127.0.0.1", metadata={"help": "grpo server mode: the rollout server's host."})
     vllm_server_port: int = field(default=8000, metadata={"help": "grpo server mode: the rollout server's port."})
+    vllm_server_base_url: str | None = field(default=None, metadata={
+        "help": "grpo server mode: the rollout server as http://HOST:PORT (sets --vllm_server_host/--vllm_server_port)."})
     vllm_server_api_key: str | None = field(default=None, metadata={
         "help": "grpo server mode: the rollout server's --api_key (vLLM or built-in engine alike)."})
     vllm_server_timeout: float = field(default=240.0, metadata={

@@ -16,6 +16,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from swift.arguments import PtArguments, SftArguments
 from swift.dataset.encode import Collator, ListDataset, StreamingDataset, encode_rows, pack
 from swift.dataset.loader import RowSet, load_rows, split_rows
+from swift.dataset.self_cognition import fill_identity
 from swift.model import load_model
 from swift.pipelines.base import resolve_args
 from swift.template import get_template, infer_template
@@ -62,6 +63,8 @@ class TrainPipeline:
         seed = a.data_seed if a.data_seed is not None else a.seed
         load = dict(column_map=a.data_args.column_map, strict=a.strict, seed=seed, use_hf=a.use_hf)
         if a.streaming:
+            if a.model_name or a.model_author:
+                raise SwiftError("--model_name/--model_author fill rows loaded up front; drop --streaming")
             train = StreamingDataset(a.dataset, template, column_map=load["column_map"], strict=a.strict,
                                      use_hf=a.use_hf)
             val_rows = load_rows(a.val_dataset, **load) if a.val_dataset else RowSet()
@@ -73,6 +76,8 @@ class TrainPipeline:
                 train_rows, val_rows = split_rows(train_rows, a.split_dataset_ratio, seed)
             else:
                 val_rows = RowSet()
+            for rows in (train_rows, val_rows):
+                fill_identity(rows.rows, a.model_name, a.model_author)
             samples = self.encode(train_rows, template, "encode train")
             train_rows.report("train dataset")
             if not samples:

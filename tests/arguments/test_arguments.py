@@ -91,3 +91,14 @@ def test_args_json_round_trip(tmp_path):
     path.write_text(json.dumps(a.to_dict()))
     b = parse_args(SftArguments, [str(path)])
     assert b.to_dict() == a.to_dict()
+
+
+def test_vllm_server_base_url_sets_host_and_port():
+    from swift.arguments.rlhf import RLHFArguments
+
+    a = RLHFArguments(model="m", dataset=["d"], rlhf_type="grpo", reward_funcs=["accuracy"],
+                      vllm_server_base_url="http://10.0.0.5:8123")
+    assert (a.vllm_server_host, a.vllm_server_port) == ("10.0.0.5", 8123)
+    with pytest.raises(SwiftError, match="must look like http://HOST:PORT"):
+        RLHFArguments(model="m", dataset=["d"], rlhf_type="grpo", reward_funcs=["accuracy"],
+                      vllm_server_base_url="https://10.0.0.5:8123/v1")

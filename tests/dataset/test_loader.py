@@ -90,3 +90,23 @@ def test_split_dataset_ratio(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", [qa(i) for i in range(20)])
     train, val = split_rows(load_rows([path]), 0.25, seed=0)
     assert len(train) == 15 and len(val) == 5
+
+
+def test_self_cognition_rows_get_the_model_name_and_author(tmp_path):
+    """ms-swift's self-cognition recipe: `--model_name 小黄 'Xiao Huang' --model_author 魔搭 ModelScope`
+    fills {{NAME}}/{{AUTHOR}} (Chinese rows the first form, English rows the second), through the
+    training pipeline's own data path; rows with a placeholder and no flag stop with one line."""
+    from swift.arguments import SftArguments
+    from swift.pipelines.train import TrainPipeline
+    from swift.utils.registry import SwiftError
+
+    argv = dict(model="builtin:tiny-chat", dataset=["builtin:self-cognition"], output_dir=str(tmp_path))
+    pipeline = TrainPipeline(SftArguments(**argv, model_name=["小黄", "Xiao Huang"], model_author=["魔搭", "ModelScope"]))
+    _, tokenizer, template, _ = pipeline.load()
+    train, _, _ = pipeline.datasets(template)
+    texts = [tokenizer.decode(train[i]["input_ids"]) for i in range(len(train))]
+    assert not any("{{" in t for t in texts)
+    assert any("I am Xiao Huang, an AI assistant developed by ModelScope." in t for t in texts)
+    assert any("由魔搭开发" in t for t in texts) and not any("Xiao Huang" in t and "你" in t for t in texts)
+    with pytest.raises(SwiftError, match="contain \\{\\{NAME\\}\\}: pass --model_name"):
+        TrainPipeline(SftArguments(**argv)).datasets(template)
