@@ -22,6 +22,8 @@ class DataArguments:
         "help": "Fills {{NAME}} in the rows (e.g. builtin:self-cognition): one value, or the Chinese and English form."})
     model_author: list[str] = field(default_factory=list, metadata={
         "help": "Fills {{AUTHOR}} in the rows: one value, or the Chinese and English form."})
+    lazy_tokenize: bool = field(default=False, metadata={
+        "help": "Encode each row when training reaches it instead of all rows up front (not with --packing)."})
     dataset_num_proc: int = field(default=1, metadata={
         "help": "Processes that encode (tokenize) the rows; the result is the same as with 1."})
 
@@ -39,6 +41,9 @@ class DataArguments:
             self.dataset = [self.dataset]
         if isinstance(self.val_dataset, str):
             self.val_dataset = [self.val_dataset]
+        if self.lazy_tokenize and (self.packing or self.streaming):
+            raise SwiftError("--lazy_tokenize encodes rows as training reaches them; --packing needs every row "
+                             "encoded up front and --streaming is lazy already")
         if self.streaming and self.packing:
             raise SwiftError("--packing needs the whole dataset up front; it cannot be combined with --streaming")
         self.column_map  # validate early

@@ -64,7 +64,6 @@ REASONS: dict[str, tuple[str, ...]] = {
     "model files are not checked before training": ("check_model",),
     "the best checkpoint is not linked": ("create_checkpoint_symlink",),
     "packing fills sequences of --max_length in the main process": ("packing_length", "packing_num_proc"),
-    "rows are encoded before training starts": ("lazy_tokenize",),
     "logits_to_keep is used whenever the model supports it": ("use_logits_to_keep",),
     "token accuracy is not computed during training": ("acc_strategy",),
     "the optimizer is chosen with --optim": ("optimizer",),

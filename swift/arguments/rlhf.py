@@ -227,3 +227,6 @@ class RLHFArguments(SftArguments):
         super().__post_init__()
         if self.packing:
             raise SwiftError("--packing is not supported with swift rlhf (each row's sequences are kept together)")
+        if self.lazy_tokenize and algo.data in ("unpaired", "prompt"):
+            raise SwiftError(f"--lazy_tokenize does not apply to --rlhf_type {self.rlhf_type} (its rows are "
+                             "encoded up front: KTO pairs rows across the batch, online RL encodes prompts only)")

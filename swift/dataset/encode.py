@@ -82,6 +82,36 @@ def _encoded(rows: list[dict], encode, num_proc: int, bar) -> Iterator[tuple[boo
         _WORK = None
 
 
+class LazyDataset(Dataset):
+    """Rows encoded when the trainer asks for them (`--lazy_tokenize`): nothing is tokenized up
+    front. A row that cannot be encoded stops the run with strict; otherwise it is reported once and
+    the next encodable row takes its place (as ms-swift does, which picks another row)."""
+
+    def __init__(self, rowset: RowSet, encode, *, strict: bool):
+        self.rows, self.origins = rowset.rows, rowset.origins
+        self.encode = _TemplateEncode(encode) if isinstance(encode, Template) else encode
+        self.strict = strict
+        self._bad: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        for k in range(len(self.rows)):
+            j = (i + k) % len(self.rows)
+            if j in self._bad:
+                continue
+            try:
+                return self.encode(self.rows[j])
+            except RowError as e:
+                if self.strict:
+                    raise SwiftError(f"{self.origins[j]}: {e} (fix the row, or run with --strict false to skip "
+                                     "bad rows)") from None
+                self._bad.add(j)
+                logger.warning(f"{self.origins[j]}: {e} (row skipped; the next row takes its place)")
+        raise SwiftError("no row of the dataset can be encoded")
+
+
 class ListDataset(Dataset):
     def __init__(self, items: list[dict]):
         self.items = items

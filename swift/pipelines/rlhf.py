@@ -167,9 +167,13 @@ class RLHFPipeline(TrainPipeline):
         self.algorithm = args.rlhf_args.algorithm
         self.trainer_cls = TRAINERS[self.algorithm.trainer]
 
-    def encode(self, rowset: RowSet, template: Template, desc: str) -> list[dict]:
+    def row_encoder(self, template: Template):
         encode, a = ENCODERS[self.algorithm.data], self.args
-        samples = encode_rows(rowset, lambda row: encode(template, row, a), strict=a.strict, desc=desc,
+        return lambda row: encode(template, row, a)
+
+    def encode(self, rowset: RowSet, template: Template, desc: str) -> list[dict]:
+        a = self.args
+        samples = encode_rows(rowset, self.row_encoder(template), strict=a.strict, desc=desc,
                               num_proc=a.dataset_num_proc)
         if self.algorithm.data == "unpaired":
             samples = add_mismatched(samples, self.args.per_device_train_batch_size *

@@ -14,7 +14,7 @@ from transformers import set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
 from swift.arguments import PtArguments, SftArguments
-from swift.dataset.encode import Collator, ListDataset, StreamingDataset, encode_rows, pack
+from swift.dataset.encode import Collator, LazyDataset, ListDataset, StreamingDataset, encode_rows, pack
 from swift.dataset.loader import RowSet, load_rows, split_rows
 from swift.dataset.self_cognition import fill_identity
 from swift.model import load_model
@@ -78,6 +78,9 @@ class TrainPipeline:
                 val_rows = RowSet()
             for rows in (train_rows, val_rows):
                 fill_identity(rows.rows, a.model_name, a.model_author)
+            if a.lazy_tokenize:
+                train = LazyDataset(train_rows, self.row_encoder(template), strict=a.strict)
+                return train, self._val(val_rows, template), val_rows.rows
             samples = self.encode(train_rows, template, "encode train")
             train_rows.report("train dataset")
             if not samples:
@@ -86,15 +89,22 @@ class TrainPipeline:
                 samples = pack(samples, a.max_length, seed)
                 logger.info(f"packed into {len(samples)} rows of up to {a.max_length} tokens")
             train = ListDataset(samples)
-        val = None
-        if len(val_rows):
-            val_samples = self.encode(val_rows, template, "encode val")
-            val_rows.report("val dataset")
-            val = ListDataset(val_samples) if val_samples else None
-        return train, val, val_rows.rows
+        return train, self._val(val_rows, template), val_rows.rows
+
+    def _val(self, val_rows: RowSet, template):
+        if not len(val_rows):
+            return None
+        val_samples = self.encode(val_rows, template, "encode val")
+        val_rows.report("val dataset")
+        return ListDataset(val_samples) if val_samples else None
+
+    def row_encoder(self, template):
+        """row -> training sample (raises RowError for a row that cannot be used)."""
+        return template
 
     def encode(self, rowset: RowSet, template, desc: str) -> list[dict]:
-        return encode_rows(rowset, template, strict=self.args.strict, desc=desc, num_proc=self.args.dataset_num_proc)
+        return encode_rows(rowset, self.row_encoder(template), strict=self.args.strict, desc=desc,
+                           num_proc=self.args.dataset_num_proc)
 
     def collator(self, tokenizer, model):
         return Collator(tokenizer.pad_token_id, dtype=model.dtype)

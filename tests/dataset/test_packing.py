@@ -90,3 +90,33 @@ def test_dataset_num_proc_encodes_the_same_rows_in_parallel(tmp_path, rlhf_type)
         samples = pipeline.encode(rowset, template, "encode")
         out.append((samples, dict(rowset.dropped)))
     assert out[0] == out[1] and len(out[0][0]) >= 100
+
+
+def test_lazy_tokenize_encodes_rows_when_training_reaches_them(tmp_path):
+    """--lazy_tokenize: nothing is encoded up front; each item equals the eager encoding of its row;
+    a bad row gives way to the next one (or stops the run with --strict); a DPO run trains on it."""
+    from swift.arguments import SftArguments
+    from swift.dataset.encode import LazyDataset
+    from swift.pipelines.rlhf import rlhf_main
+    from swift.pipelines.train import TrainPipeline
+    from swift.utils.registry import SwiftError
+    from tests.conftest import train_argv
+
+    rows = load_rows(["builtin:arith-sft#20"]).rows
+    data = tmp_path / "rows.jsonl"
+    bad = {"messages": [{"role": "user", "content": "no answer"}]}
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:5] + [bad] + rows[5:]))
+    common = dict(model="builtin:tiny-chat", dataset=[str(data)], output_dir=str(tmp_path), dataset_shuffle=False)
+    eager_pipeline = TrainPipeline(SftArguments(**common))
+    _, _, template, _ = eager_pipeline.load()
+    eager, _, _ = eager_pipeline.datasets(template)
+    lazy, _, _ = TrainPipeline(SftArguments(**common, lazy_tokenize=True)).datasets(template)
+    assert isinstance(lazy, LazyDataset) and len(lazy) == 21 and len(eager) == 20
+    items = [lazy[i] for i in range(21)]
+    assert items[:5] + items[6:] == [eager[i] for i in range(20)] and items[5] == eager[5]  # row 6 gave way
+    strict, _, _ = TrainPipeline(SftArguments(**common, lazy_tokenize=True, strict=True)).datasets(template)
+    with pytest.raises(SwiftError, match="rows.jsonl row 6"):
+        strict[5]
+    result = rlhf_main(train_argv(tmp_path / "dpo", "--rlhf_type", "dpo", "--dataset", "builtin:arith-dpo#16",
+                                  "--lazy_tokenize", "true", "--max_steps", "2"))
+    assert result["global_step"] == 2
