@@ -45,6 +45,9 @@ class EngineArguments:
     def __post_init__(self) -> None:
         if self.infer_backend == "pt":  # ms-swift 3.x's name of the transformers engine
             self.infer_backend = "transformers"
+        if self.infer_backend in ("sglang", "lmdeploy"):
+            raise SwiftError(f"--infer_backend {self.infer_backend} is an ms-swift engine this version does not support "
+                             f"(it has {', '.join(BACKENDS)})")
         if self.infer_backend not in BACKENDS:
             raise SwiftError(f"--infer_backend {self.infer_backend!r} is not one of {', '.join(BACKENDS)}")
         if self.max_batch_size < 1:

@@ -50,6 +50,8 @@ REASONS: dict[str, tuple[str, ...]] = {
     "Ray-based placement is not implemented; ranks are launched with NPROC_PER_NODE/NNODES":
         ("use_ray", "ray_exp_name", "device_groups"),
     # -- training ------------------------------------------------------------------------------------
+    "DeepSpeed is not supported yet (ms-swift's zero0..zero3_offload presets and JSON files are planned); "
+    "several GPUs train with DDP (NPROC_PER_NODE)": ("deepspeed",),
     "DeepSpeed is not supported yet": ("zero_hpz_partition_size", "deepspeed_autotp_size", "teacher_deepspeed",
                                        "ds3_gather_for_generation"),
     "MoE auxiliary losses are not added": ("router_aux_loss_coef",),

@@ -44,6 +44,13 @@ class RlhfArguments:
     def __post_init__(self) -> None:
         from swift.rlhf import ALGORITHMS
 
+        for name in ("vllm_server_host", "vllm_server_port"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                if len(value) != 1:
+                    raise SwiftError(f"--{name} with several rollout servers is an ms-swift feature this version does "
+                                     "not support: give one server (it can run several workers: --data_parallel_size)")
+                setattr(self, name, value[0])
         if self.vllm_server_base_url:
             from urllib.parse import urlsplit
 
@@ -142,8 +149,10 @@ class RlhfArguments:
     rollout_mode: str = field(default="colocate", metadata={
         "help": "grpo with the built-in engine: colocate (in the trainer process) or server (a `swift rollout` "
                 "server at --vllm_server_host/--vllm_server_port)."})
-    vllm_server_host: str = field(default="127.0.0.1", metadata={"help": "grpo server mode: the rollout server's host."})
-    vllm_server_port: int = field(default=8000, metadata={"help": "grpo server mode: the rollout server's port."})
+    vllm_server_host: list[str] = field(default_factory=lambda: ["127.0.0.1"], metadata={
+        "help": "grpo server mode: the rollout server's host (one server; ms-swift's several are not supported)."})
+    vllm_server_port: list[int] = field(default_factory=lambda: [8000], metadata={
+        "help": "grpo server mode: the rollout server's port."})
     vllm_server_base_url: str | None = field(default=None, metadata={
         "help": "grpo server mode: the rollout server as http://HOST:PORT (sets --vllm_server_host/--vllm_server_port)."})
     vllm_server_api_key: str | None = field(default=None, metadata={

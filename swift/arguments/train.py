@@ -34,6 +34,10 @@ class TrainingArguments(Seq2SeqTrainingArguments):
                 "run is overwritten or appended to; false: write to --output_dir itself."})
 
     def __post_init__(self) -> None:
+        if self.deepspeed:  # HF would take it as a file path; nothing here has been run with DeepSpeed
+            from swift.arguments.ms_swift import refusal
+
+            raise SwiftError(refusal("deepspeed"))
         if self.use_cpu is None:
             # Accelerate runs multi-process CPU training (gloo) only when told it is on CPU.
             self.use_cpu = not torch.cuda.is_available()

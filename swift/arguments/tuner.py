@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from swift.utils.registry import SwiftError
 
 TUNER_TYPES = ("lora", "full")
+MS_SWIFT_TUNERS = ("adalora", "llamapro", "adapter", "vera", "boft", "fourierft", "reft", "longlora", "bone")
 INIT_WEIGHTS = ("true", "false", "gaussian", "pissa", "olora")
 
 
@@ -40,6 +41,9 @@ class TunerArguments:
     def __post_init__(self) -> None:
         if self.train_type is not None:
             self.tuner_type, self.train_type = self.train_type, None
+        if self.tuner_type in MS_SWIFT_TUNERS:
+            raise SwiftError(f"--tuner_type {self.tuner_type} is an ms-swift tuner this version does not support "
+                             f"(it has {', '.join(TUNER_TYPES)})")
         if self.tuner_type not in TUNER_TYPES:
             raise SwiftError(f"--tuner_type {self.tuner_type!r} is not one of {', '.join(TUNER_TYPES)}")
         if not 0.0 <= self.freeze_parameters_ratio <= 1.0:

@@ -1,7 +1,7 @@
 """Templates written as per-role formats: chatml/qwen and llama3."""
 from __future__ import annotations
 
-from swift.template.base import TEMPLATES, Span, Template
+from swift.template.base import TEMPLATES, RowError, Span, Template
 
 
 class FormatTemplate(Template):
@@ -16,6 +16,9 @@ class FormatTemplate(Template):
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False,
                tools: list | None = None) -> tuple[str, list[Span]]:
+        if tools:  # never dropped without a word
+            raise RowError(f"the {self.name} template cannot render tools; use --template jinja (the tokenizer's own "
+                           "chat template renders them when it supports tools)")
         parts, spans, pos = [self.begin], [], len(self.begin)
         for m in messages:
             if m["role"] == "assistant":

@@ -78,8 +78,9 @@ def test_every_ms_swift_flag_is_supported_or_refused_in_one_line():
     import pytest
 
     from swift.arguments.ms_swift import REFUSED
-    from swift.arguments.parser import ArgumentError, parse_args
+    from swift.arguments.parser import parse_args
     from swift.cli.main import ARGUMENT_CLASSES, _import
+    from swift.utils.registry import SwiftError
 
     table = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cli.md"), encoding="utf-8").read()
     rows = re.findall(r"^\| `--(\w+)` \| [\w.]+ \| (supported|refused): (.*) \|$", table, re.M)
@@ -88,7 +89,7 @@ def test_every_ms_swift_flag_is_supported_or_refused_in_one_line():
     for flag, status, detail in rows:
         if status == "refused":
             assert REFUSED.get(flag) == detail, flag
-            with pytest.raises(ArgumentError, match=f"^--{flag} is an ms-swift flag this version does not support: "):
+            with pytest.raises(SwiftError, match=f"^--{flag} is an ms-swift flag this version does not support: "):
                 parse_args(classes["sft"], ["--model", "builtin:tiny-chat", f"--{flag}", "1"])
         elif flag != "config":
             for command in re.findall(r"`swift ([\w-]+)`", detail):

@@ -105,3 +105,11 @@ def test_infer_template(tokenizer):
     assert infer_template("llama", NoTemplate()) == "llama3"
     with pytest.raises(Exception, match="--template"):
         infer_template("gpt2", NoTemplate())
+
+
+@pytest.mark.parametrize("name", ["chatml", "qwen", "llama3"])
+def test_templates_without_tool_rendering_say_so(tokenizer, name):
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    row = {"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}], "tools": tools}
+    with pytest.raises(RowError, match=f"the {name} template cannot render tools; use --template jinja"):
+        get_template(name, tokenizer).encode(row)
