@@ -18,7 +18,7 @@ class ModelArguments:
     use_hf: bool = field(default=False, metadata={"help": "Download hub ids from the Hugging Face hub instead of ModelScope."})
     torch_dtype: str = field(default="auto", metadata={
         "help": "Weights dtype: auto (bf16 on GPUs that support it, else fp32), float32, float16, bfloat16."})
-    attn_impl: str | None = field(default=None, metadata={"help": "Attention implementation: sdpa, eager, flash_attention_2."})
+    attn_impl: str | None = field(default=None, metadata={"help": "Attention implementation: sdpa, eager, flex_attention, flash_attn / flash_attention_2 (CUDA + flash-attn)."})
     task_type: Literal["causal_lm", "seq_cls", "token_cls"] = field(default="causal_lm", metadata={
         "help": "causal_lm, seq_cls (a value head on the last token) or token_cls (a head on every token)."})
     num_labels: int | None = field(default=None, metadata={

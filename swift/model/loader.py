@@ -63,6 +63,25 @@ def load_tokenizer(model_dir: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+ATTN_NAMES = {"flash_attn": "flash_attention_2", "flash_attention_2": "flash_attention_2", "sdpa": "sdpa",
+              "eager": "eager", "flex_attention": "flex_attention"}
+
+
+def attention(name: str) -> str:
+    """HF's attn_implementation for `--attn_impl` (ms-swift's `flash_attn` included); FlashAttention
+    needs its package and a CUDA GPU, which is said in one line rather than in HF's traceback."""
+    if name not in ATTN_NAMES:
+        raise SwiftError(f"--attn_impl {name!r} is not one of {', '.join(ATTN_NAMES)}")
+    impl = ATTN_NAMES[name]
+    if impl == "flash_attention_2":
+        import importlib.util
+
+        if not torch.cuda.is_available() or importlib.util.find_spec("flash_attn") is None:
+            raise SwiftError(f"--attn_impl {name} needs a CUDA GPU and the flash-attn package; use --attn_impl sdpa "
+                             "(the default) here")
+    return impl
+
+
 def load_model(
     model: str,
     *,
@@ -82,7 +101,7 @@ def load_model(
     if task_type != "causal_lm":
         config.num_labels = num_labels or (1 if task_type == "seq_cls" else 2)
         config.pad_token_id = tokenizer.pad_token_id
-    kwargs = {"attn_implementation": attn_impl} if attn_impl else {}
+    kwargs = {"attn_implementation": attention(attn_impl)} if attn_impl else {}
     if builtin:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(BUILTIN_SEED)
