@@ -55,10 +55,14 @@ class RlhfArguments:
             from urllib.parse import urlsplit
 
             url = urlsplit(self.vllm_server_base_url)
-            if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
+            try:
+                port = url.port
+            except ValueError:
+                port = -1
+            if url.scheme != "http" or not url.hostname or url.path not in ("", "/") or port == -1:
                 raise SwiftError(f"--vllm_server_base_url {self.vllm_server_base_url!r} must look like "
                                  "http://HOST:PORT (the rollout server speaks plain HTTP)")
-            self.vllm_server_host, self.vllm_server_port = url.hostname, url.port or 80
+            self.vllm_server_host, self.vllm_server_port = url.hostname, port or 80
         algo = ALGORITHMS.get(self.rlhf_type)
         for name, value in algo.defaults.items():
             if getattr(self, name) is None:
@@ -239,3 +243,14 @@ class RLHFArguments(SftArguments):
         if self.lazy_tokenize and algo.data in ("unpaired", "prompt"):
             raise SwiftError(f"--lazy_tokenize does not apply to --rlhf_type {self.rlhf_type} (its rows are "
                              "encoded up front: KTO pairs rows across the batch, online RL encodes prompts only)")
+        if self.lazy_tokenize and self.precompute_ref_log_probs:
+            raise SwiftError("--precompute_ref_log_probs stores log-probs in encoded rows, which --lazy_tokenize does "
+                             "not keep; use one of them")
+        if self.use_dora and (self.use_vllm or self.rlhf_args.server_mode):
+            raise SwiftError("--use_dora: the weights sent to vLLM or a rollout server are merged as plain LoRA, "
+                             "which DoRA is not; generate with the built-in colocated engine")
+        uses_reference = algo.reference and not self.ref_model and not (self.rlhf_type == "grpo" and not self.beta)
+        changes_base = self.lora_bias != "none" or str(self.init_weights).lower() in ("pissa", "olora")
+        if self.tuner_type == "lora" and uses_reference and changes_base:
+            raise SwiftError("--lora_bias / --init_weights pissa|olora change the base model's weights, so the model "
+                             "with its adapter switched off is no longer the reference: pass --ref_model")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from concurrent.futures import ProcessPoolExecutor
 from typing import Iterator
 
 import torch
@@ -73,9 +74,9 @@ def _encoded(rows: list[dict], encode, num_proc: int, bar) -> Iterator[tuple[boo
     size = max(1, min(1000, len(rows) // (4 * num_proc)))
     chunks = [(s, min(s + size, len(rows))) for s in range(0, len(rows), size)]
     _WORK = (encode, rows)
-    try:
-        with multiprocessing.get_context("fork").Pool(num_proc) as pool:
-            for part in pool.imap(_encode_slice, chunks):
+    try:  # an executor, not a Pool: a worker that dies (e.g. out of memory) raises instead of hanging
+        with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("fork")) as pool:
+            for part in pool.map(_encode_slice, chunks):
                 bar.update(len(part))
                 yield from part
     finally:
@@ -159,9 +160,13 @@ def pack(samples: list[dict], max_length: int, seed: int = 42) -> list[dict]:
 class StreamingDataset(IterableDataset):
     """Reads, standardizes and encodes rows as training consumes them, cycling forever."""
 
-    def __init__(self, specs: list[str], template: Template, *, column_map: dict, strict: bool, use_hf: bool = False):
+    def __init__(self, specs: list[str], template: Template, *, column_map: dict, strict: bool, use_hf: bool = False,
+                 prepare=None):
+        """`prepare(row)`: applied to each standardized row before encoding (e.g. filling identity
+        placeholders)."""
         self.specs = [DatasetSpec.parse(s) for s in specs]
         self.template, self.column_map, self.strict, self.use_hf = template, column_map, strict, use_hf
+        self.prepare = prepare
 
     def _samples(self, spec: DatasetSpec) -> Iterator[dict]:
         rowset = RowSet()
@@ -170,6 +175,8 @@ class StreamingDataset(IterableDataset):
             try:
                 if isinstance(row, RowError):
                     raise row
+                if self.prepare is not None:
+                    self.prepare(row)
                 enc = self.template.encode(row)
             except RowError as e:
                 rowset.reject(origin, e, self.strict)

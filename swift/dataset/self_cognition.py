@@ -54,13 +54,17 @@ def self_cognition(split: str) -> list[dict]:
 
 def fill_identity(rows: list[dict], names: list[str], authors: list[str]) -> int:
     """Replace `{{NAME}}` / `{{AUTHOR}}` in the rows' messages, in place; return how many rows had
-    them. A row with a placeholder and no value for it is an error naming the flag."""
+    them. Without either flag nothing is touched (such braces may be ordinary text, e.g. templates
+    in code data); with one, a row that needs the other is an error naming it. A row's language is
+    its `lang` or (ms-swift's data) `tag` column."""
+    if not names and not authors:
+        return 0
     filled = 0
     for row in rows:
         messages = row.get("messages") or []
         if not any(p in str(m.get("content", "")) for m in messages for p in PLACEHOLDERS):
             continue
-        zh = row.get("lang") == "zh"
+        zh = (row.get("lang") or row.get("tag")) == "zh"
         for flag, values, placeholder in (("--model_name", names, "{{NAME}}"),
                                           ("--model_author", authors, "{{AUTHOR}}")):
             if any(placeholder in str(m.get("content", "")) for m in messages):

@@ -63,8 +63,9 @@ def load_tokenizer(model_dir: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-ATTN_NAMES = {"flash_attn": "flash_attention_2", "flash_attention_2": "flash_attention_2", "sdpa": "sdpa",
-              "eager": "eager", "flex_attention": "flex_attention"}
+ATTN_NAMES = {"flash_attn": "flash_attention_2", "flash_attention_2": "flash_attention_2",
+              "flash_attention_3": "flash_attention_3", "sdpa": "sdpa", "eager": "eager",
+              "flex_attention": "flex_attention"}
 
 
 def attention(name: str) -> str:

@@ -5,6 +5,7 @@ The algorithm's registry entry picks the row encoder (by its `data`), the traine
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Callable
 
 import torch
@@ -116,6 +117,10 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
     return {"messages": messages, "columns": {k: v for k, v in row.items() if k != "messages"}}
 
 
+def _encode_row(encode, template: Template, args, row: dict) -> dict:
+    return encode(template, row, args)
+
+
 ENCODERS: dict[str, Callable[..., dict]] = {"pair": encode_pair, "unpaired": encode_unpaired, "steps": encode_steps,
                                             "conversation": encode_conversation, "prompt": encode_prompt_row}
 
@@ -168,8 +173,7 @@ class RLHFPipeline(TrainPipeline):
         self.trainer_cls = TRAINERS[self.algorithm.trainer]
 
     def row_encoder(self, template: Template):
-        encode, a = ENCODERS[self.algorithm.data], self.args
-        return lambda row: encode(template, row, a)
+        return functools.partial(_encode_row, ENCODERS[self.algorithm.data], template, self.args)
 
     def encode(self, rowset: RowSet, template: Template, desc: str) -> list[dict]:
         a = self.args

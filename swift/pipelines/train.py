@@ -63,10 +63,9 @@ class TrainPipeline:
         seed = a.data_seed if a.data_seed is not None else a.seed
         load = dict(column_map=a.data_args.column_map, strict=a.strict, seed=seed, use_hf=a.use_hf)
         if a.streaming:
-            if a.model_name or a.model_author:
-                raise SwiftError("--model_name/--model_author fill rows loaded up front; drop --streaming")
             train = StreamingDataset(a.dataset, template, column_map=load["column_map"], strict=a.strict,
-                                     use_hf=a.use_hf)
+                                     use_hf=a.use_hf,
+                                     prepare=lambda row: fill_identity([row], a.model_name, a.model_author))
             val_rows = load_rows(a.val_dataset, **load) if a.val_dataset else RowSet()
         else:
             train_rows = load_rows(a.dataset, shuffle=a.dataset_shuffle, **load)

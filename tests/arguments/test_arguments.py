@@ -102,3 +102,26 @@ def test_vllm_server_base_url_sets_host_and_port():
     with pytest.raises(SwiftError, match="must look like http://HOST:PORT"):
         RLHFArguments(model="m", dataset=["d"], rlhf_type="grpo", reward_funcs=["accuracy"],
                       vllm_server_base_url="https://10.0.0.5:8123/v1")
+
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"rlhf_type": "dpo", "lazy_tokenize": True, "precompute_ref_log_probs": True}, "--precompute_ref_log_probs stores"),
+    ({"rlhf_type": "grpo", "reward_funcs": ["accuracy"], "use_dora": True, "use_vllm": True},
+     "--use_dora: the weights sent to vLLM"),
+    ({"rlhf_type": "dpo", "lora_bias": "all"}, "no longer the reference: pass --ref_model"),
+    ({"rlhf_type": "dpo", "init_weights": "pissa"}, "no longer the reference: pass --ref_model"),
+    ({"rlhf_type": "dpo", "tuner_type": "full", "use_dora": True}, "--use_dora shapes a new LoRA adapter"),
+    ({"rlhf_type": "grpo", "reward_funcs": ["accuracy"], "vllm_server_base_url": "http://h:99999"},
+     "must look like http://HOST:PORT"),
+])
+def test_combinations_that_cannot_work_are_refused_in_one_line(kwargs, message):
+    from swift.arguments.rlhf import RLHFArguments
+
+    with pytest.raises(SwiftError, match=message):
+        RLHFArguments(model="m", dataset=["d"], **kwargs)
+
+
+def test_packing_with_flash_attention_is_refused():
+    with pytest.raises(SwiftError, match="--packing builds a block-diagonal attention mask"):
+        SftArguments(model="m", dataset=["d"], packing=True, attn_impl="flash_attn")

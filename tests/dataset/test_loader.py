@@ -108,5 +108,19 @@ def test_self_cognition_rows_get_the_model_name_and_author(tmp_path):
     assert not any("{{" in t for t in texts)
     assert any("I am Xiao Huang, an AI assistant developed by ModelScope." in t for t in texts)
     assert any("由魔搭开发" in t for t in texts) and not any("Xiao Huang" in t and "你" in t for t in texts)
-    with pytest.raises(SwiftError, match="contain \\{\\{NAME\\}\\}: pass --model_name"):
-        TrainPipeline(SftArguments(**argv)).datasets(template)
+    with pytest.raises(SwiftError, match="contain \\{\\{AUTHOR\\}\\}: pass --model_author"):
+        TrainPipeline(SftArguments(**argv, model_name=["Bot"])).datasets(template)
+    # without either flag, braces are left alone (they may be ordinary text); ms-swift's rows say `tag`
+    from swift.dataset.self_cognition import fill_identity
+
+    rows = [{"messages": [{"role": "user", "content": "{{NAME}}?"}]},
+            {"messages": [{"role": "user", "content": "{{NAME}}?"}], "tag": "zh"}]
+    assert fill_identity(rows, [], []) == 0 and rows[0]["messages"][0]["content"] == "{{NAME}}?"
+    assert fill_identity(rows, ["小黄", "Xiao Huang"], []) == 2
+    assert [r["messages"][0]["content"] for r in rows] == ["Xiao Huang?", "小黄?"]
+    # streaming rows are filled as they are read (ms-swift's streaming example uses --model_name)
+    streaming = TrainPipeline(SftArguments(**argv, streaming=True, max_steps=2, model_name=["Xiao Huang"],
+                                           model_author=["ModelScope"]))
+    train, _, _ = streaming.datasets(template)
+    first = [tokenizer.decode(s["input_ids"]) for s, _ in zip(train, range(22))]
+    assert any("Xiao Huang" in t for t in first) and not any("{{" in t for t in first)
