@@ -23,23 +23,24 @@ def prepare_model(model: PreTrainedModel, args, *, task_type: str = "causal_lm")
             model.load_adapter(extra, adapter_name=extra)
     elif args.tuner_type == "lora":
         target = args.target_modules
-        init = str(args.init_weights).lower()
+        # the LoRA-variant flags may be absent from a caller's own argument object: PEFT's defaults then
+        init = str(getattr(args, "init_weights", "true")).lower()
         config = LoraConfig(
             r=args.lora_rank,
             lora_alpha=args.lora_alpha,
             lora_dropout=args.lora_dropout,
             # a string is a regular expression PEFT full-matches against module names
-            target_modules=args.target_regex or ("all-linear" if target == ["all-linear"] else target),
+            target_modules=getattr(args, "target_regex", None) or ("all-linear" if target == ["all-linear"] else target),
             task_type=PEFT_TASK_TYPES[task_type],  # seq_cls/token_cls also train and save the head
-            modules_to_save=list(args.modules_to_save) or None,
-            bias=args.lora_bias,
-            use_dora=args.use_dora,
-            use_rslora=args.use_rslora,
+            modules_to_save=list(getattr(args, "modules_to_save", [])) or None,
+            bias=getattr(args, "lora_bias", "none"),
+            use_dora=getattr(args, "use_dora", False),
+            use_rslora=getattr(args, "use_rslora", False),
             init_lora_weights={"true": True, "false": False}.get(init, init),
         )
         model = get_peft_model(model, config)
-        if args.lora_dtype:
-            dtype = getattr(torch, args.lora_dtype)
+        if getattr(args, "lora_dtype", None):
+            dtype = getattr(torch, getattr(args, "lora_dtype", None))
             for name, p in model.named_parameters():
                 if "lora_" in name:
                     p.data = p.data.to(dtype)
