@@ -65,6 +65,11 @@ class ServingLimits:
                                f"{self.max_tokens_limit} (--max_tokens_limit)", "max_tokens")
 
 
+def timed_out(timeout: float) -> RequestError:
+    """The 504 of a request that ran past --request_timeout (both servers, routes and Guard)."""
+    return RequestError(f"the request took longer than {timeout:g}s (--request_timeout)", status=504, code="timeout")
+
+
 def key_matches(header: bytes | None, api_key: str) -> bool:
     return header is not None and hmac.compare_digest(header, f"Bearer {api_key}".encode())
 
@@ -151,8 +156,7 @@ class Guard:
             await asyncio.wait_for(self.app(scope, limited_receive, noting_send), limits.request_timeout + 10)
         except asyncio.TimeoutError:
             if not started[0]:
-                await _reply(send, RequestError(f"the request took longer than {limits.request_timeout:g}s "
-                                                "(--request_timeout)", status=504, code="timeout"))
+                await _reply(send, timed_out(limits.request_timeout))
         finally:
             self.active -= 1
 

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swift.deploy import openai_api as api
-from swift.deploy.guard import Guard, ServingLimits, read_body
+from swift.deploy.guard import Guard, ServingLimits, read_body, timed_out
 from swift.deploy.openai_api import RequestError
 from swift.infer.protocol import InferRequest
 from swift.infer.reward import RewardScorer
@@ -47,7 +47,7 @@ async def sse(engine: TransformersEngine, infer_request, config, model: str, cha
                 chunk = api.completion_chunk(cid, model, delta)
             yield f"data: {json.dumps(chunk)}\n\n"
     except asyncio.TimeoutError:
-        yield f"data: {json.dumps(_timed_out(timeout).body())}\n\n"
+        yield f"data: {json.dumps(timed_out(timeout).body())}\n\n"
     except SwiftError as e:
         yield f"data: {json.dumps(RequestError(str(e)).body())}\n\n"
     except Exception as e:  # the client already has a 200: the error travels in the stream
@@ -72,10 +72,6 @@ def guard_of(app: FastAPI) -> Guard:
     while stack is not None and not isinstance(stack, Guard):
         stack = getattr(stack, "app", None)
     return stack
-
-
-def _timed_out(timeout: float) -> RequestError:
-    return RequestError(f"the request took longer than {timeout:g}s (--request_timeout)", status=504, code="timeout")
 
 
 def create_app(served_model_name: str, *, engine: TransformersEngine | None = None, scorer: RewardScorer | None = None,
@@ -147,7 +143,7 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
         except SwiftError as e:
             return error(RequestError(str(e)))
         except asyncio.TimeoutError:
-            return error(_timed_out(limits.request_timeout))
+            return error(timed_out(limits.request_timeout))
         return api.chat_response(model, result) if chat else api.completion_response(model, result)
 
     @app.post("/v1/chat/completions")
@@ -176,7 +172,7 @@ def add_reward_routes(app: FastAPI, scorer: RewardScorer | None, served_model_na
         try:
             return await asyncio.wait_for(asyncio.to_thread(scorer.score, texts), limits.request_timeout)
         except asyncio.TimeoutError:
-            raise _timed_out(limits.request_timeout) from None
+            raise timed_out(limits.request_timeout) from None
 
     @app.post("/v1/rewards")
     async def v1_rewards(request: Request):
