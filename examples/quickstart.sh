@@ -7,6 +7,8 @@ OUT=${OUT:-output/quickstart}
 SEED=${SEED:-42}
 # AdamW with beta2 0.98 and weight decay 0.1 (both stages): the second-moment estimate follows the
 # sharp drop in loss when the model starts to add, instead of lagging behind it as with 0.999.
+# Gradient checkpointing (on by default, as in ms-swift) is off: a 1M-parameter model needs no
+# memory saved, and recomputing activations only costs time (it does not change the results).
 
 # 1. pt: every token of "07+45=52" gets loss; teaches the digits and the format. A gentle learning
 #    rate: a hot pt stage settles into a state that sft then takes far longer to leave.
@@ -22,12 +24,14 @@ swift pt \
     --seed "$SEED" \
     --save_strategy no \
     --add_version false \
+    --gradient_checkpointing false \
     --output_dir "$OUT/pt"
 
 # 2. sft: chat format, loss on the answer only; generation-based eval on the held-out split (sums
 #    whose operands, in either order, never appear in training).
 swift sft \
     --model "$OUT/pt" \
+    --gradient_checkpointing false \
     --tuner_type full \
     --dataset builtin:arith-sft \
     --val_dataset builtin:arith-sft:eval \

@@ -50,10 +50,12 @@ REASONS: dict[str, tuple[str, ...]] = {
     "Ray-based placement is not implemented; ranks are launched with NPROC_PER_NODE/NNODES":
         ("use_ray", "ray_exp_name", "device_groups"),
     # -- training ------------------------------------------------------------------------------------
-    "DeepSpeed is not supported yet (ms-swift's zero0..zero3_offload presets and JSON files are planned); "
-    "several GPUs train with DDP (NPROC_PER_NODE)": ("deepspeed",),
-    "DeepSpeed is not supported yet": ("zero_hpz_partition_size", "deepspeed_autotp_size", "teacher_deepspeed",
-                                       "ds3_gather_for_generation"),
+    "ZeRO++ hierarchical partitioning and DeepSpeed AutoTP are not wired up (--deepspeed zero0..zero3_offload "
+    "or a JSON file work)": ("zero_hpz_partition_size", "deepspeed_autotp_size"),
+    "the teacher runs under the student's --deepspeed configuration (partitioned under ZeRO-3)":
+        ("teacher_deepspeed",),
+    "under ZeRO-3 the engine always receives the policy's weights gathered --weight_sync_bucket_mb at a time, "
+    "never the whole model at once": ("ds3_gather_for_generation",),
     "MoE auxiliary losses are not added": ("router_aux_loss_coef",),
     "the SFT loss is cross-entropy only (DFT and channel losses are not implemented)":
         ("enable_dft_loss", "enable_channel_loss"),

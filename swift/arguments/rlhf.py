@@ -164,7 +164,8 @@ class RlhfArguments:
     vllm_server_timeout: float = field(default=240.0, metadata={
         "help": "grpo server mode: seconds to wait for the server (startup, each request, each weight-sync step)."})
     weight_sync_bucket_mb: float = field(default=64.0, metadata={
-        "help": "grpo server mode: weights travel in flattened buckets of at most this many MiB."})
+        "help": "grpo server mode: weights travel in flattened buckets of at most this many MiB; under ZeRO-3 "
+                "the policy's weights are gathered this many MiB at a time for any engine."})
     async_generate: bool = field(default=False, metadata={
         "help": "grpo server mode: generate the next batch while this one trains (one step off-policy, corrected "
                 "by importance sampling)."})
@@ -254,3 +255,17 @@ class RLHFArguments(SftArguments):
         if self.tuner_type == "lora" and uses_reference and changes_base:
             raise SwiftError("--lora_bias / --init_weights pissa|olora change the base model's weights, so the model "
                              "with its adapter switched off is no longer the reference: pass --ref_model")
+        if self.training_args.deepspeed_config:
+            self._check_deepspeed(algo)
+
+    def _check_deepspeed(self, algo) -> None:
+        from swift.arguments.deepspeed import zero3
+
+        if not zero3(self.training_args):
+            return
+        if self.precompute_ref_log_probs:
+            raise SwiftError("--precompute_ref_log_probs runs before DeepSpeed has set up the model, which ZeRO-3 "
+                             "partitions; leave it off (the reference then runs beside the policy) or use ZeRO-2")
+        if algo.trainer == "distill" and self.lmbda > 0:
+            raise SwiftError("--rlhf_type gkd samples the student's answers (--lmbda > 0), which is not implemented "
+                             "under ZeRO-3; use --lmbda 0, or --deepspeed zero2")

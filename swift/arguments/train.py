@@ -29,27 +29,72 @@ class TrainingArguments(Seq2SeqTrainingArguments):
         "help": "Trackers: tensorboard (default), wandb, none, ..."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep our encoded columns (do not change)."})
     use_cpu: bool | None = field(default=None, metadata={"help": "Train on CPU (default: only when no GPU is present)."})
+    gradient_checkpointing: bool = field(default=True, metadata={
+        "help": "Recompute activations in the backward pass to save memory (ms-swift's default; non-reentrant). "
+                "Turned off, with a log line, for models that do not support it."})
     add_version: bool = field(default=True, metadata={
         "help": "Write this run to <output_dir>/v<N>-<YYYYMMDD-HHMMSS> (N counts earlier runs there), so no earlier "
                 "run is overwritten or appended to; false: write to --output_dir itself."})
 
     def __post_init__(self) -> None:
-        if self.deepspeed:  # HF would take it as a file path; nothing here has been run with DeepSpeed
-            from swift.arguments.ms_swift import refusal
+        # ms-swift's preset names, a JSON file or a dict (HF would take a name as a path). Set up when the
+        # run starts (`enable_deepspeed`), so that parsing a command line never starts a process group.
+        self.deepspeed_config = None
+        if self.deepspeed:
+            from swift.arguments.deepspeed import deepspeed_config
 
-            raise SwiftError(refusal("deepspeed"))
+            self.deepspeed_config, self.deepspeed = deepspeed_config(self.deepspeed), None
         if self.use_cpu is None:
             # Accelerate runs multi-process CPU training (gloo) only when told it is on CPU.
             self.use_cpu = not torch.cuda.is_available()
+        if self.fsdp:
+            self._fsdp()
         if self.learning_rate is None:
             self.learning_rate = 1e-4
         if self.eval_strategy is None:
             self.eval_strategy = "no"
+        if self.gradient_checkpointing and self.gradient_checkpointing_kwargs is None:
+            # works with frozen input embeddings (LoRA) without making the inputs require grad
+            self.gradient_checkpointing_kwargs = {"use_reentrant": False}
         if self.warmup_ratio:
             if not 0 <= self.warmup_ratio < 1:
                 raise SwiftError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
             self.warmup_steps = self.warmup_ratio
         super().__post_init__()
+
+    def enable_deepspeed(self) -> None:
+        """Hand the DeepSpeed configuration to HF (as its `__post_init__` does) and join the process
+        group; called by the pipelines before the model loads (ZeRO-3 partitions it while loading)."""
+        if self.deepspeed_config is None or self.deepspeed:
+            return
+        from accelerate.utils import DeepSpeedPlugin
+        from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+        from swift.arguments.deepspeed import init_distributed, single_process_env
+
+        single_process_env()
+        self.__dict__.pop("_setup_devices", None)  # recomputed with DeepSpeed on
+        self.deepspeed = self.deepspeed_config
+        self.hf_deepspeed_config = HfTrainerDeepSpeedConfig(self.deepspeed)
+        self.hf_deepspeed_config.trainer_config_process(self)
+        self.deepspeed_plugin = DeepSpeedPlugin(hf_ds_config=self.hf_deepspeed_config)
+        self._setup_devices  # noqa: B018  (the process group, now with every rank, before the Trainer looks)
+        init_distributed(self)
+
+    def _fsdp(self) -> None:
+        """ms-swift's `--fsdp fsdp2` preset (FSDP2, full sharding of each decoder layer), or HF's own
+        values. Accelerate applies FSDP on GPUs only: on CPU the run would silently be plain DDP."""
+        value = self.fsdp if isinstance(self.fsdp, str) else " ".join(map(str, self.fsdp))
+        if self.deepspeed_config:
+            raise SwiftError("--fsdp and --deepspeed both shard the model; give one of them")
+        if self.use_cpu:
+            raise SwiftError(f"--fsdp {value}: Accelerate runs FSDP on GPUs only (on CPU it would silently train as "
+                             "plain DDP); shard on CPU with --deepspeed zero3")
+        if value == "fsdp2":
+            self.fsdp = ["full_shard", "auto_wrap"]
+            self.fsdp_config = {"version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                                "cpu_ram_efficient_loading": True, "state_dict_type": "SHARDED_STATE_DICT",
+                                **(self.fsdp_config if isinstance(self.fsdp_config, dict) else {})}
 
 
 class SftArguments(ComposedArguments):

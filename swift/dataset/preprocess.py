@@ -6,6 +6,7 @@ reward functions). Raw pre-training text becomes `{"text": ...}`.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from swift.template.base import ROLES, RowError
@@ -16,7 +17,7 @@ SYSTEM_KEYS = ("system", "system_prompt")
 CHOSEN_KEYS = ("chosen", "response_chosen")
 REJECTED_KEYS = ("rejected", "rejected_response", "response_rejected", "negative")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
-                  "observation": "tool", "tool": "tool", "function_call": "assistant", "function": "tool"}
+                  "observation": "tool", "tool": "tool", "function_call": "tool_call", "function": "tool"}
 
 
 def _first(row: dict, keys: tuple[str, ...]) -> tuple[str | None, Any]:
@@ -123,7 +124,7 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
     if messages is None:
         raise RowError(f"no conversation found: expected 'messages', 'conversations', 'text', or query/response "
                        f"columns ({'|'.join(QUERY_KEYS)} / {'|'.join(RESPONSE_KEYS)}); got {sorted(raw)}")
-    messages = [dict(m) for m in messages]
+    messages = _tool_roles([dict(m) for m in messages])
     if ck is not None and ck not in used:  # preference row: chosen is the final assistant turn
         used.add(ck)
         messages.append({"role": "assistant", "content": _as_text(chosen, ck)})
@@ -138,11 +139,46 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
             and out["rejected_response"] == messages[-1]["content"]:
         raise RowError("rejected response equals the chosen response")
     out["messages"] = messages
+    if isinstance(row.get("tools"), str):  # ms-swift's rows carry the tool list as a JSON string
+        used.add("tools")
+        try:
+            out["tools"] = json.loads(row["tools"])
+        except json.JSONDecodeError:
+            raise RowError(f"tools is not a JSON list: {row['tools'][:80]!r}") from None
     for k in used & {"solution", "answer"}:  # also a column, as in ms-swift: reward functions read it
         out[k] = row[k]
     for k, v in row.items():  # keep every other column (GRPO passes them to reward functions)
         if k not in used and k not in out:
             out[k] = v
+    return out
+
+
+def _tool_roles(messages: list[dict]) -> list[dict]:
+    """ms-swift's agent roles in OpenAI's form: `tool_call` messages (JSON `{"name", "arguments"}`)
+    become the `tool_calls` of one assistant message (consecutive calls together, after that turn's
+    text if it has some); `tool_response` is `tool`. An assistant message with calls may have no text."""
+    out: list[dict] = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "tool_call":
+            try:
+                call = json.loads(m["content"]) if isinstance(m.get("content"), str) else m.get("content")
+            except json.JSONDecodeError:
+                raise RowError(f"message {i} (tool_call) is not JSON: {str(m.get('content'))[:80]!r}") from None
+            if not isinstance(call, dict) or "name" not in call:
+                raise RowError(f"message {i} (tool_call) needs a JSON object with 'name' and 'arguments'")
+            prev = out[-1] if out else None
+            if prev is not None and prev["role"] == "assistant" and (prev.get("tool_calls") or i and
+                                                                      messages[i - 1].get("role") == "assistant"):
+                prev.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            continue
+        if role == "tool_response":
+            m = {**m, "role": "tool"}
+        if role == "assistant" and m.get("tool_calls") and m.get("content") is None:
+            m = {**m, "content": ""}
+        out.append(m)
     return out
 
 

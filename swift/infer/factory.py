@@ -13,7 +13,7 @@ from swift.infer.transformers_engine import TransformersEngine
 from swift.infer.protocol import InferEngine
 from swift.model import load_model, load_tokenizer, resolve_model_dir
 from swift.pipelines.merge_lora import base_model_of
-from swift.template import get_template, infer_template
+from swift.template import choose_template, get_template
 from swift.utils.registry import SwiftError
 
 
@@ -39,7 +39,7 @@ def load_for_serving(args, task_type: str = "causal_lm"):
             model = PeftModel.from_pretrained(model, path, adapter_name=name)
         else:
             model.load_adapter(path, adapter_name=name)
-    name = args.template or infer_template(info.model_type, tokenizer)
+    name = choose_template(args.template, getattr(args, "model_type", None), info.model_type, tokenizer)
     template = get_template(name, tokenizer, system=args.system, max_length=args.max_length)
     return model, tokenizer, template, adapters
 
@@ -67,8 +67,8 @@ def build_vllm_engine(args, **engine_kwargs) -> tuple[InferEngine, dict[str, str
             model.save_pretrained(model_dir)
             tokenizer.save_pretrained(model_dir)
     model_type = AutoConfig.from_pretrained(model_dir).model_type
-    template = get_template(args.template or infer_template(model_type, tokenizer), tokenizer, system=args.system,
-                            max_length=args.max_length)
+    name = choose_template(args.template, getattr(args, "model_type", None), model_type, tokenizer)
+    template = get_template(name, tokenizer, system=args.system, max_length=args.max_length)
     utilization = args.vllm_gpu_memory_utilization or (0.9 if torch.cuda.is_available() else 0.2)
     dtype = "auto" if args.torch_dtype == "auto" else args.torch_dtype
     engine = VllmEngine(model_dir, tokenizer, template, adapters=adapters, dtype=dtype,

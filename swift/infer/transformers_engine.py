@@ -108,9 +108,16 @@ class TransformersEngine(InferEngine):
             self._thread.join()
 
     # -- public API ------------------------------------------------------------------------------
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, buckets=None) -> None:
         """In process, the engine generates with the trainer's own module, so nothing is copied; a
-        different module is copied over, and either way every parameter is checked to match."""
+        different module is copied over, and either way every parameter is checked to match.
+        `buckets` (lists of (name, tensor), e.g. gathered from ZeRO-3 partitions) are loaded instead,
+        each checked by checksum."""
+        if buckets is not None:
+            for named in buckets:
+                if self.load_weights(named) != checksum([t for _, t in named]):
+                    raise SwiftError(f"weight sync failed: {named[0][0]} .. {named[-1][0]} differ after loading")
+            return
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
         mine = dict(self.model.named_parameters())

@@ -77,12 +77,13 @@ class VllmEngine(InferEngine):
     def _run(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    def sync_weights(self, model) -> None:
-        """Push the trainer's weights (LoRA merged in) into vLLM's workers, checked by `load_weights`."""
-        named = hf_state_dict(model)  # a tied lm_head too: vLLM's in-place reload does not re-tie it
-        expected = checksum([t for _, t in named])
-        if self.load_weights(named) != expected:
-            raise SwiftError("weight sync to vLLM failed: the workers' checksum differs from the trainer's")
+    def sync_weights(self, model, buckets=None) -> None:
+        """Push the trainer's weights (LoRA merged in) into vLLM's workers, checked by `load_weights`;
+        or the given `buckets` of (name, tensor), one at a time."""
+        # a tied lm_head too: vLLM's in-place reload does not re-tie it
+        for named in (buckets if buckets is not None else [hf_state_dict(model)]):
+            if self.load_weights(named) != checksum([t for _, t in named]):
+                raise SwiftError("weight sync to vLLM failed: the workers' checksum differs from the trainer's")
 
     def weight_shapes(self) -> dict[str, list[int]]:
         """From the model's config on the meta device (vLLM fuses some weights internally; it loads
@@ -213,37 +214,39 @@ def hf_state_dict(model) -> list[tuple]:
     merged tensors are new ones (base + ΔW, as PEFT's merge computes them): the training model's
     base weights are never written, so repeated syncs cannot make them drift by rounding."""
     import torch
+    from peft.tuners.lora import LoraLayer
 
     peft = hasattr(model, "peft_config")
-    deltas = _lora_deltas(model) if peft else {}
+    lora = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)} if peft else {}
     out = []
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             if peft:
                 if "lora_" in name or "original_module" in name:
                     continue
-                if name in deltas:
-                    tensor = (tensor + deltas[name]).to(tensor.dtype)  # as PEFT's in-place `+=` rounds
-                name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-                name = name.replace(".modules_to_save.default.", ".")
+                owner = name.removesuffix(".base_layer.weight") if name.endswith(".base_layer.weight") else None
+                tensor = merged_weight(lora.get(owner), name, tensor)
+                name = hf_name(name)
             out.append((name, tensor.detach().to("cpu", copy=True).contiguous()))
     return out
 
 
-def _lora_deltas(model) -> dict:
-    """ΔW of every LoRA layer whose adapters are on and not merged, by its base weight's state-dict name."""
-    import torch
-    from peft.tuners.lora import LoraLayer
+def hf_name(name: str) -> str:
+    """A PEFT model's parameter name as the base model (and vLLM) call it."""
+    name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+    return name.replace(".modules_to_save.default.", ".")
 
-    deltas = {}
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if not isinstance(module, LoraLayer) or module.merged or module.disable_adapters:
-                continue
-            active = [a for a in module.active_adapters if a in module.lora_A or a in module.lora_embedding_A]
-            if active:
-                deltas[f"{name}.base_layer.weight"] = sum(module.get_delta_weight(a) for a in active)
-    return deltas
+
+def merged_weight(module, name: str, tensor):
+    """`tensor` (the parameter `name`) with the ΔW of `module`'s active LoRA adapters added when it is
+    that layer's base weight and they are on and not merged; a new tensor, rounded as PEFT's
+    in-place `+=` rounds."""
+    if module is None or not name.endswith(".base_layer.weight") or module.merged or module.disable_adapters:
+        return tensor
+    active = [a for a in module.active_adapters if a in module.lora_A or a in module.lora_embedding_A]
+    if not active:
+        return tensor
+    return (tensor + sum(module.get_delta_weight(a) for a in active)).to(tensor.dtype)
 
 
 def colocated_vllm_engine(model, template, *, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None,

@@ -1,6 +1,7 @@
 """Load a model and its tokenizer from a local directory, a hub id, or the built-in tiny model."""
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,21 @@ def attention(name: str) -> str:
     return impl
 
 
+@contextlib.contextmanager
+def whole_weights():
+    """Build a model from its config with whole tensors even under ZeRO-3, whose partitioned
+    construction initialises weights differently: the built-in model's weights stay a function of
+    its seed alone (DeepSpeed partitions them when the trainer starts)."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
 def load_model(
     model: str,
     *,
@@ -104,7 +120,7 @@ def load_model(
         config.pad_token_id = tokenizer.pad_token_id
     kwargs = {"attn_implementation": attention(attn_impl)} if attn_impl else {}
     if builtin:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), whole_weights():
             torch.manual_seed(BUILTIN_SEED)
             hf_model = auto_cls.from_config(config, dtype=dtype, **kwargs)
         # Recorded in adapter configs and args.json, so a LoRA trained on it can find its base again.

@@ -13,6 +13,7 @@ import torch
 from swift.arguments.rlhf import RLHFArguments
 from swift.dataset.encode import encode_rows
 from swift.dataset.loader import RowSet
+from swift.arguments.deepspeed import zero3
 from swift.model import load_model
 from swift.pipelines.base import resolve_args
 from swift.pipelines.train import TrainPipeline
@@ -195,6 +196,9 @@ class RLHFPipeline(TrainPipeline):
                 extra["ref_model"] = load_model(a.ref_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype)[0]
             elif (a.tuner_type == "lora" and not a.adapters) or a.precompute_ref_log_probs:
                 extra["ref_model"] = None  # LoRA: the policy with adapters disabled; precompute: the policy at step 0
+            elif zero3(a.training_args):  # the policy's weights are partitioned: load the reference again
+                extra["ref_model"] = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
+                                                torch_dtype=a.torch_dtype, attn_impl=a.attn_impl)[0]
             else:
                 extra["ref_model"] = copy.deepcopy(model)  # full tuning: freeze the starting weights
         if algo.trainer == "distill":
@@ -226,8 +230,11 @@ class RLHFPipeline(TrainPipeline):
 
         def transformers_engine(model):
             from swift.infer.transformers_engine import TransformersEngine
+            from swift.trainers.zero3 import whole_copy
 
             adapter = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
+            if zero3(a.training_args):  # the policy is partitioned: generate with a whole copy, synced bucket-wise
+                model, adapter = whole_copy(model), None
             return TransformersEngine(model, template.tokenizer, template, default_adapter=adapter,
                                       max_batch_size=max(a.per_device_train_batch_size, 8))
 

@@ -19,7 +19,7 @@ from swift.dataset.loader import RowSet, load_rows, split_rows
 from swift.dataset.self_cognition import fill_identity
 from swift.model import load_model
 from swift.pipelines.base import resolve_args
-from swift.template import get_template, infer_template
+from swift.template import choose_template, get_template
 from swift.trainers.callbacks import ArgsInCheckpointCallback, JsonlLogCallback
 from swift.trainers.trainer import SwiftTrainer
 from swift.tuners import prepare_model
@@ -43,14 +43,18 @@ class TrainPipeline:
         if a.task_type not in self.task_types:
             raise SwiftError(f"--task_type {a.task_type} is trained with `swift rlhf --rlhf_type rm|prm`; "
                              "sft/pt train causal_lm")
+        a.training_args.enable_deepspeed()
         model, tokenizer, info = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
                                             torch_dtype=a.torch_dtype, attn_impl=a.attn_impl, task_type=a.task_type,
                                             num_labels=a.num_labels)
+        if a.training_args.gradient_checkpointing and not model.supports_gradient_checkpointing:
+            logger.info(f"gradient checkpointing is off: {type(model).__name__} does not support it")
+            a.training_args.gradient_checkpointing = False
         if model.dtype == torch.bfloat16:
             a.training_args.bf16 = True
         if not torch.cuda.is_available():
             a.training_args.dataloader_pin_memory = False  # pinning needs an accelerator
-        name = a.template or infer_template(info.model_type, tokenizer)
+        name = choose_template(a.template, a.model_type, info.model_type, tokenizer)
         template = get_template(name, tokenizer, system=a.system, max_length=a.max_length,
                                 truncation_strategy=a.truncation_strategy, loss_scale=a.loss_scale)
         logger.info(f"model {a.model} ({info.model_type}), template {name}")

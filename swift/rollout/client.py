@@ -130,13 +130,18 @@ class RolloutClient:
         device = "cuda" if self.info.get("cuda") and torch.cuda.is_available() else "cpu"
         self.group = WeightGroup(host, port, world - 1, world, self.timeout, device)
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, buckets=None) -> None:
         """Send every weight (LoRA merged, in the server's dtype) in buckets; after each bucket every
-        worker reports the checksum of what its engine now holds, which must equal ours."""
+        worker reports the checksum of what its engine now holds, which must equal ours. `buckets`
+        (lists of (name, tensor), e.g. gathered from ZeRO-3 partitions) are sent instead of `model`'s."""
         if self.group is None:
             self.init_communicator()
-        named = sync_state_dict(model, getattr(torch, self.info.get("dtype", ""), None))
-        self._send(named)
+        dtype = getattr(torch, self.info.get("dtype", ""), None)
+        if buckets is None:
+            self._send(sync_state_dict(model, dtype))
+        else:
+            for named in buckets:
+                self._send([(n, t.to(dtype)) for n, t in named] if dtype is not None else named)
         self._post("/reset_prefix_cache/")
 
     def _send(self, named: list[tuple[str, torch.Tensor]]) -> None:

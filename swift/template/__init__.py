@@ -5,8 +5,23 @@ from swift.template import formats, jinja  # noqa: F401  (register the built-in 
 from swift.template.base import IGNORE_INDEX, TEMPLATES, Encoded, RowError, Template
 from swift.utils.registry import SwiftError
 
-# Families whose template is known when a tokenizer ships no chat_template of its own.
-MODEL_TYPE_TEMPLATES = {"qwen2": "qwen", "qwen3": "qwen", "qwen2_moe": "qwen", "llama": "llama3"}
+# Families whose template is known when a tokenizer ships no chat_template of its own (by the
+# config's model_type).
+MODEL_TYPE_TEMPLATES = {"qwen2": "qwen", "qwen3": "qwen3", "qwen2_moe": "qwen", "qwen3_moe": "qwen3",
+                        "llama": "llama3"}
+# ms-swift's --model_type names of the families supported here: (the config's model_type, template)
+MS_SWIFT_MODEL_TYPES = {
+    "qwen2": ("qwen2", "qwen"), "qwen2_moe": ("qwen2_moe", "qwen"), "qwen2_5": ("qwen2", "qwen2_5"),
+    "qwen2_5_math": ("qwen2", "qwen2_5_math"), "qwen3": ("qwen3", "qwen3"), "qwen3_moe": ("qwen3_moe", "qwen3"),
+    "llama": ("llama", "llama3"), "llama3": ("llama", "llama3"), "llama3_1": ("llama", "llama3_2"),
+    "llama3_2": ("llama", "llama3_2"),
+}
+
+
+def choose_template(template: str | None, model_type: str | None, config_type: str, tokenizer) -> str:
+    """`--template`, else `--model_type`'s (ms-swift's names, checked against the config), else inferred."""
+    from_type = check_model_type(model_type, config_type) if model_type else None
+    return template or from_type or infer_template(config_type, tokenizer)
 
 
 def infer_template(model_type: str, tokenizer) -> str:
@@ -19,8 +34,21 @@ def infer_template(model_type: str, tokenizer) -> str:
                      f"({', '.join(sorted(TEMPLATES))})")
 
 
+def check_model_type(requested: str, config_type: str) -> str:
+    """The template of ms-swift's `--model_type requested`, which must describe this architecture."""
+    if requested not in MS_SWIFT_MODEL_TYPES:
+        raise SwiftError(f"--model_type {requested!r} is not one of {', '.join(MS_SWIFT_MODEL_TYPES)} (leave it out "
+                         "to use the model's config)")
+    architecture, template = MS_SWIFT_MODEL_TYPES[requested]
+    if architecture != config_type:
+        raise SwiftError(f"--model_type {requested} is a {architecture} model, but this model's config.json says "
+                         f"model_type {config_type!r}")
+    return template
+
+
 def get_template(name: str, tokenizer, **kwargs) -> Template:
     return TEMPLATES.get(name)(tokenizer, **kwargs)
 
 
-__all__ = ["IGNORE_INDEX", "TEMPLATES", "Encoded", "RowError", "Template", "get_template", "infer_template"]
+__all__ = ["IGNORE_INDEX", "MS_SWIFT_MODEL_TYPES", "TEMPLATES", "Encoded", "RowError", "Template", "check_model_type",
+           "choose_template", "get_template", "infer_template"]

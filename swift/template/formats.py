@@ -1,7 +1,19 @@
-"""Templates written as per-role formats: chatml/qwen and llama3."""
+"""Templates written as per-role formats: the ChatML family (chatml, qwen, qwen2_5, qwen3, ...) and
+llama3/llama3_2. The ChatML family renders tools as Qwen2.5/Qwen3 and Hermes models are trained
+on: the tool signatures in the system turn, calls in <tool_call> blocks, results in <tool_response>
+blocks of a user turn."""
 from __future__ import annotations
 
+import datetime
+import json
+
 from swift.template.base import TEMPLATES, RowError, Span, Template
+
+HERMES_TOOLS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{signatures}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+    'XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
 class FormatTemplate(Template):
@@ -13,26 +25,39 @@ class FormatTemplate(Template):
     assistant_end = ""  # after assistant content; gets loss (the end-of-turn token)
     assistant_sep = ""  # after the end token; no loss
     generation_prompt = ""
+    renders_tools = False
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False,
                tools: list | None = None) -> tuple[str, list[Span]]:
-        if tools:  # never dropped without a word
-            raise RowError(f"the {self.name} template cannot render tools; use --template jinja (the tokenizer's own "
-                           "chat template renders them when it supports tools)")
+        uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+        if uses_tools and not self.renders_tools:  # never dropped without a word
+            raise RowError(f"the {self.name} template cannot render tools, tool calls or tool results; use a ChatML "
+                           "family template (qwen, qwen2_5, qwen3, chatml) or --template jinja (the tokenizer's own)")
         parts, spans, pos = [self.begin], [], len(self.begin)
-        for m in messages:
+        if tools:
+            head, messages = self.tools_turn(messages, tools)
+            parts.append(head)
+            pos += len(head)
+        for i, m in enumerate(messages):
+            head, body, tail = self.turn(messages, i)
             if m["role"] == "assistant":
-                head = self.assistant_prefix
-                body = self.content(m) + self.assistant_end
                 spans.append((pos + len(head), pos + len(head) + len(body)))
-                chunk = head + body + self.assistant_sep
-            else:
-                chunk = self.message.format(role=m["role"], content=self.content(m))
+            chunk = head + body + tail
             parts.append(chunk)
             pos += len(chunk)
         if add_generation_prompt:
             parts.append(self.generation_prompt)
         return "".join(parts), spans
+
+    def turn(self, messages: list[dict], i: int) -> tuple[str, str, str]:
+        """(text before, text with loss, text after) of message i; only an assistant's middle part has loss."""
+        m = messages[i]
+        if m["role"] == "assistant":
+            return self.assistant_prefix, self.content(m) + self.assistant_end, self.assistant_sep
+        return "", self.message.format(role=m["role"], content=self.content(m)), ""
+
+    def tools_turn(self, messages: list[dict], tools: list) -> tuple[str, list[dict]]:
+        raise NotImplementedError  # only reached when renders_tools is set
 
     def content(self, message: dict) -> str:
         return message["content"]
@@ -46,12 +71,73 @@ class ChatMLTemplate(FormatTemplate):
     assistant_end = "<|im_end|>"
     assistant_sep = "\n"
     generation_prompt = "<|im_start|>assistant\n"
+    renders_tools = True
+
+    def tools_turn(self, messages: list[dict], tools: list) -> tuple[str, list[dict]]:
+        """The system turn with the tool signatures (after the system prompt, when there is one)."""
+        system = ""
+        if messages and messages[0]["role"] == "system":
+            system, messages = messages[0]["content"] + "\n\n", messages[1:]
+        signatures = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+        return self.message.format(role="system", content=system + HERMES_TOOLS.replace("{signatures}", signatures)), messages
+
+    def turn(self, messages: list[dict], i: int) -> tuple[str, str, str]:
+        m = messages[i]
+        if m["role"] == "tool":  # consecutive results share one user turn
+            first = i == 0 or messages[i - 1]["role"] != "tool"
+            last = i + 1 == len(messages) or messages[i + 1]["role"] != "tool"
+            body = "\n<tool_response>\n" + _text(m["content"]) + "\n</tool_response>"
+            return "", ("<|im_start|>user" if first else "") + body + ("<|im_end|>\n" if last else ""), ""
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(_tool_call(c) for c in m["tool_calls"])
+            text = (m["content"] + "\n" if m.get("content") else "") + calls
+            return self.assistant_prefix, text + self.assistant_end, self.assistant_sep
+        return super().turn(messages, i)
+
+
+def _text(content) -> str:
+    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+
+
+def _tool_call(call: dict) -> str:
+    """One call as `<tool_call>` JSON; OpenAI's `function` wrapper and JSON-string arguments are unwrapped."""
+    call = call.get("function", call)
+    arguments = call.get("arguments", call.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise RowError(f"tool call {call.get('name')!r}: arguments are not JSON: {arguments[:80]!r}") from None
+    return ('<tool_call>\n{"name": "' + str(call["name"]) + '", "arguments": '
+            + json.dumps(arguments, ensure_ascii=False) + "}\n</tool_call>")
 
 
 @TEMPLATES.register("qwen")
 class QwenTemplate(ChatMLTemplate):
+    """Qwen1.5/Qwen2 (ms-swift's `qwen`)."""
+
     name = "qwen"
     default_system = "You are a helpful assistant."
+
+
+@TEMPLATES.register("qwen2_5")
+class Qwen25Template(ChatMLTemplate):
+    name = "qwen2_5"
+    default_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+@TEMPLATES.register("qwen2_5_math")
+class Qwen25MathTemplate(ChatMLTemplate):
+    name = "qwen2_5_math"
+    default_system = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@TEMPLATES.register("qwen3")
+class Qwen3Template(ChatMLTemplate):
+    """Qwen3 without a default system prompt; the model's thinking switches are not implemented
+    (answers are trained and prompted as they are written)."""
+
+    name = "qwen3"
 
 
 @TEMPLATES.register("llama3")
@@ -65,3 +151,22 @@ class Llama3Template(FormatTemplate):
 
     def content(self, message: dict) -> str:
         return message["content"].strip()  # Meta's template trims every message
+
+
+@TEMPLATES.register("llama3_2")
+class Llama32Template(Llama3Template):
+    """Llama 3.1/3.2/3.3 chat: a system turn always, opening with the knowledge cut-off and today's date."""
+
+    name = "llama3_2"
+    date: str | None = None  # "%d %b %Y"; today when unset
+
+    def with_system(self, messages: list[dict]) -> list[dict]:
+        messages = super().with_system(messages)
+        system = messages[0]["content"].strip() if messages and messages[0]["role"] == "system" else ""
+        rest = messages[1:] if messages and messages[0]["role"] == "system" else messages
+        date = self.date or datetime.date.today().strftime("%d %b %Y")
+        header = f"Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n"
+        return [{"role": "system", "content": header + system, "_raw": True}, *rest]
+
+    def content(self, message: dict) -> str:
+        return message["content"] if message.get("_raw") else super().content(message)

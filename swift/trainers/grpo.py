@@ -25,6 +25,7 @@ from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
 from swift.trainers.completion_logps import token_logps
 from swift.trainers.rlhf import RLHFTrainer
+from swift.trainers.zero3 import gathered_buckets, zero3_enabled
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -64,7 +65,7 @@ class GRPOTrainer(RLHFTrainer):
     def __init__(self, *args, ref_model=None, reward_manager, scheduler=None, engine_factory, **kwargs):
         super().__init__(*args, **kwargs)
         a = self.rlhf_args
-        self.ref_model = ref_model.to(self.args.device).eval().requires_grad_(False) if ref_model is not None else None
+        self.ref_model = self.frozen(ref_model)
         self.rewards = reward_manager
         self.scheduler = scheduler
         # the engine starts with the trainer (vLLM takes a while), and generates with the policy's weights
@@ -186,7 +187,15 @@ class GRPOTrainer(RLHFTrainer):
         if self._synced_step == self.state.global_step:
             return
         model = self.accelerator.unwrap_model(self.model)
-        if not self._remote:
+        if zero3_enabled(self):  # every rank gathers each bucket; the engine loads it (rank 0 for a server)
+            buckets = gathered_buckets(model, self.rlhf_args.weight_sync_bucket_mb)
+            if self._remote and not self.accelerator.is_main_process:
+                for _ in buckets:
+                    pass
+            else:
+                self.engine.sync_weights(model, buckets)
+            self.accelerator.wait_for_everyone()
+        elif not self._remote:
             self.engine.sync_weights(model)
         else:  # one trainer process feeds the server; the others wait for it
             if self.accelerator.is_main_process:

@@ -22,6 +22,7 @@ from swift.infer.protocol import InferRequest, RequestConfig
 from swift.rlhf import gkd
 from swift.rlhf.logps import (IGNORE_INDEX, SequenceLogps, head_logps, hidden_states_out, labelled_positions,
                               plain_head, step_token_counts, target_logps)
+from swift.trainers.zero3 import frozen_zero3, zero3_enabled
 
 
 def forward_logps(model, inputs: dict, keep: torch.Tensor, whole_sequence: bool = False) -> SequenceLogps:
@@ -84,6 +85,16 @@ class RLHFTrainer(Trainer):
             disable_dropout(self.model)
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
 
+    def frozen(self, model):
+        """A reference/teacher/reward model ready for no-grad forwards on this rank's device (under
+        ZeRO-3 partitioned like the policy)."""
+        if model is None:
+            return None
+        model.eval().requires_grad_(False)
+        if zero3_enabled(self):
+            return frozen_zero3(model, self)
+        return model.to(self.args.device)
+
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The optimizer step's micro-batches, each told the step's token counts (`token_counts`,
         over all micro-batches and ranks, divided by their number), so that token-mean terms (an
@@ -138,7 +149,7 @@ class RLHFTrainer(Trainer):
 class PreferenceTrainer(RLHFTrainer):
     def __init__(self, *args, ref_model=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.ref_model = ref_model.to(self.args.device).eval().requires_grad_(False) if ref_model is not None else None
+        self.ref_model = self.frozen(ref_model)
         if self.algorithm.reference and self.rlhf_args.precompute_ref_log_probs:
             for dataset in (self.train_dataset, self.eval_dataset):
                 if dataset is not None:
@@ -187,7 +198,7 @@ class ClassifierTrainer(RLHFTrainer):
 class DistillTrainer(RLHFTrainer):
     def __init__(self, *args, teacher_model, **kwargs):
         super().__init__(*args, **kwargs)
-        self.teacher = teacher_model.to(self.args.device).eval().requires_grad_(False)
+        self.teacher = self.frozen(teacher_model)
         self._rng = random.Random(self.args.seed)
         self._engine = None
 

@@ -46,10 +46,14 @@ def prepare_model(model: PreTrainedModel, args, *, task_type: str = "causal_lm")
                     p.data = p.data.to(dtype)
     else:
         freeze(model, args.freeze_parameters, args.freeze_parameters_ratio, args.trainable_parameters)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    logger.info(f"trainable parameters: {trainable:,} / {total:,} ({100 * trainable / total:.2f}%)")
+    trainable = sum(_numel(p) for p in model.parameters() if p.requires_grad)
+    total = sum(_numel(p) for p in model.parameters())
+    logger.info(f"trainable parameters: {trainable:,} / {total:,} ({100 * trainable / max(total, 1):.2f}%)")
     return model
+
+
+def _numel(p: torch.Tensor) -> int:
+    return getattr(p, "ds_numel", None) or p.numel()  # ZeRO-3 leaves an empty tensor on each rank
 
 
 def freeze(model: PreTrainedModel, prefixes: list[str], ratio: float, keep: list[str]) -> None:

@@ -125,3 +125,49 @@ def test_combinations_that_cannot_work_are_refused_in_one_line(kwargs, message):
 def test_packing_with_flash_attention_is_refused():
     with pytest.raises(SwiftError, match="--packing builds a block-diagonal attention mask"):
         SftArguments(model="m", dataset=["d"], packing=True, attn_impl="flash_attn")
+
+
+def test_deepspeed_presets_files_and_refusals(tmp_path, monkeypatch):
+    """ms-swift's preset names and JSON files resolve to a config; parsing starts nothing (no process
+    group, no launcher variables); bad values and a missing package stop with one line."""
+    import importlib.util
+    import os
+
+    import torch.distributed as dist
+
+    from swift.arguments.deepspeed import PRESETS
+
+    base = ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft"]
+    args = parse_args(SftArguments, [*base, "--deepspeed", "zero3_offload"])
+    config = args.training_args.deepspeed_config
+    assert config["zero_optimization"]["stage"] == 3 and config["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert args.training_args.deepspeed is None and not dist.is_initialized() and "RANK" not in os.environ
+    assert set(PRESETS) == {"zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    assert parse_args(SftArguments, [*base, "--deepspeed", str(path)]).training_args.deepspeed_config == \
+        {"zero_optimization": {"stage": 2}}
+    with pytest.raises(SwiftError, match="^--deepspeed zero4: not one of zero0, zero1"):
+        parse_args(SftArguments, [*base, "--deepspeed", "zero4"])
+    with pytest.raises(SwiftError, match="^--fsdp and --deepspeed both shard"):
+        parse_args(SftArguments, [*base, "--deepspeed", "zero2", "--fsdp", "fsdp2"])
+    with pytest.raises(SwiftError, match="^--fsdp fsdp2: Accelerate runs FSDP on GPUs only"):
+        parse_args(SftArguments, [*base, "--fsdp", "fsdp2", "--use_cpu", "true"])
+    from swift.arguments.rlhf import RLHFArguments
+
+    with pytest.raises(SwiftError, match="^--rlhf_type gkd samples the student's answers"):
+        parse_args(RLHFArguments, [*base, "--rlhf_type", "gkd", "--teacher_model", "builtin:tiny-chat",
+                                   "--deepspeed", "zero3"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(SwiftError, match=r'^--deepspeed needs the deepspeed package: pip install -e "\.\[deepspeed\]"$'):
+        parse_args(SftArguments, [*base, "--deepspeed", "zero2"])
+
+
+def test_gradient_checkpointing_is_on_by_default_as_in_ms_swift():
+    args = parse_args(SftArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft"])
+    assert args.gradient_checkpointing is True
+    assert args.training_args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    off = parse_args(SftArguments, ["--model", "builtin:tiny-chat", "--dataset", "x", "--gradient_checkpointing",
+                                    "false"])
+    assert off.gradient_checkpointing is False

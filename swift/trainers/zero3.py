@@ -1,0 +1,98 @@
+"""DeepSpeed ZeRO-3 in the trainers: frozen helper models partitioned like the policy, and the
+policy's weights gathered a bucket at a time for an inference engine (never the whole model at
+once on top of its partitions)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import torch
+
+from swift.arguments.deepspeed import zero3
+
+Named = list[tuple[str, torch.Tensor]]
+# parameter-name parts of PEFT's wrappers; what precedes one names the wrapped layer
+_WRAPPED = (".base_layer.", ".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.",
+            ".modules_to_save.", ".original_module.")
+
+
+def zero3_enabled(trainer) -> bool:
+    """Whether `trainer` (an HF Trainer) runs DeepSpeed ZeRO-3."""
+    return bool(trainer.is_deepspeed_enabled and zero3(trainer.args))
+
+
+def frozen_zero3(model, trainer):
+    """A frozen helper model (reference, teacher, reward model) under ZeRO-3: partitioned across the
+    ranks like the policy, in an inference-only DeepSpeed engine whose forward gathers each layer's
+    weights as it runs (every rank must run the same forwards, which the trainers do)."""
+    import deepspeed
+
+    config = json.loads(json.dumps(trainer.args.hf_deepspeed_config.config))
+    for key in ("optimizer", "scheduler"):
+        config.pop(key, None)
+    zero = config["zero_optimization"]
+    zero.pop("offload_optimizer", None)
+    hidden = getattr(model.config, "hidden_size", None) or 1024
+    for key, value in (("reduce_bucket_size", hidden * hidden), ("stage3_param_persistence_threshold", 10 * hidden),
+                       ("stage3_prefetch_bucket_size", int(0.9 * hidden * hidden))):
+        if zero.get(key) == "auto":
+            zero[key] = value
+    config["train_micro_batch_size_per_gpu"] = trainer.args.per_device_train_batch_size
+    config.pop("train_batch_size", None)
+    config["gradient_accumulation_steps"] = 1
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine.eval()  # DeepSpeed's eval() returns None
+    return engine
+
+
+def whole_copy(model) -> torch.nn.Module:
+    """A plain (unpartitioned, adapter-free) model of the policy's architecture for an in-process
+    engine to generate with; its weights arrive from `gathered_buckets` before every rollout."""
+    from swift.model.loader import whole_weights
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    with whole_weights(), torch.random.fork_rng(devices=[]):  # its random init must not move the sampling RNG
+        copy = type(inner)(inner.config)
+    return copy.to(dtype=inner.dtype).eval().requires_grad_(False)
+
+
+def _owner(name: str) -> str:
+    """The layer a parameter belongs to for merging: a LoRA layer's base weight and its A/B travel together."""
+    for part in _WRAPPED:
+        if part in name:
+            return name[:name.index(part)]
+    return name
+
+
+def gathered_buckets(model, bucket_mb: float) -> Iterator[Named]:
+    """The policy's weights under Hugging Face names (LoRA merged, a tied output layer included),
+    `bucket_mb` MiB of parameters gathered at a time. Collective: every rank must run it through."""
+    import deepspeed
+    from peft.tuners.lora import LoraLayer
+
+    from swift.infer.vllm_engine import hf_name, merged_weight
+
+    peft = hasattr(model, "peft_config")
+    lora = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    groups: dict[str, list[tuple[str, torch.nn.Parameter]]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(_owner(name), []).append((name, p))
+    limit, size, bucket = bucket_mb * 2 ** 20, 0.0, []
+    units = list(groups.items())
+    for i, (owner, params) in enumerate(units):
+        bucket.append((owner, params))
+        size += sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for _, p in params)
+        if size < limit and i + 1 < len(units):
+            continue
+        unique = list({id(p): p for _, ps in bucket for _, p in ps}.values())
+        with deepspeed.zero.GatheredParameters(unique, modifier_rank=None), torch.no_grad():
+            out = []
+            for owner_name, ps in bucket:
+                for name, p in ps:
+                    if "lora_" in name or "original_module" in name:
+                        continue
+                    tensor = merged_weight(lora.get(owner_name), name, p.data)
+                    out.append((hf_name(name) if peft else name,
+                                tensor.detach().to("cpu", copy=True).contiguous()))
+        yield out
+        size, bucket = 0.0, []

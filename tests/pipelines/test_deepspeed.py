@@ -1,0 +1,94 @@
+"""`--deepspeed` (ms-swift's preset names or a JSON file) on 2 CPU ranks (gloo): a ZeRO-2/ZeRO-3 run
+computes what DDP computes with the same global batch — logged losses (4 significant digits) and
+final weights (atol 1e-5) after two plain-SGD steps — for `swift pt`, `sft`, `rlhf --rlhf_type dpo`
+and `grpo` (whose engine gets the ZeRO-3 weights gathered bucket by bucket); a resumed ZeRO-3 run
+ends where the uninterrupted one does."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import TEXT_LENGTH, train_argv
+
+pytest.importorskip("deepspeed")
+
+GRPO = ["--rlhf_type", "grpo", "--dataset", "builtin:arith-sft#16", *TEXT_LENGTH, "--num_generations", "2",
+        "--temperature", "1", "--max_completion_length", "6", "--weight_sync_bucket_mb", "0.5"]
+CASES = {
+    "pt": ("pt", ["--tuner_type", "full"]),
+    "sft": ("sft", ["--tuner_type", "full"]),
+    "dpo": ("rlhf", ["--tuner_type", "full", "--rlhf_type", "dpo", "--dataset", "builtin:arith-dpo#32"]),
+    "grpo_full": ("rlhf", ["--tuner_type", "full", *GRPO]),
+    "grpo_lora": ("rlhf", ["--tuner_type", "lora", *GRPO]),
+}
+
+
+def run(out, command: str, *extra: str, steps: int = 2) -> tuple[list[dict], dict]:
+    from tests.deploy.serving import free_port
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port())}
+    argv = train_argv(out, "--optim", "sgd", "--learning_rate", "0.1", "--lr_scheduler_type", "constant",
+                      "--max_steps", str(steps), *extra)
+    proc = subprocess.run([sys.executable, "-m", "swift", command, *argv], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    with open(os.path.join(out, "logging.jsonl")) as f:
+        logs = [r for r in map(json.loads, f) if "loss" in r]
+    weights = os.path.join(out, "model.safetensors")
+    return logs, load_file(weights if os.path.exists(weights) else os.path.join(out, "adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    """The DDP run of each case, made once."""
+    cache = {}
+
+    def get(case):
+        if case not in cache:
+            command, extra = CASES[case]
+            cache[case] = run(tmp_path_factory.mktemp(f"ddp_{case}"), command, *extra)
+        return cache[case]
+
+    return get
+
+
+@pytest.mark.parametrize("case,preset", [("pt", "zero3"), ("sft", "zero2"), ("sft", "zero3"), ("dpo", "zero3"),
+                                         ("grpo_full", "zero3"), ("grpo_lora", "zero3")])
+def test_deepspeed_equals_ddp(tmp_path, ddp, case, preset):
+    command, extra = CASES[case]
+    logs, weights = run(tmp_path, command, *extra, "--deepspeed", preset)
+    ref_logs, ref_weights = ddp(case)
+    assert len(logs) == len(ref_logs) == 2
+    for a, b in zip(ref_logs, logs):
+        for key in ("loss", "grad_norm", "reward", "rewards/margins"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), key
+    assert set(ref_weights) <= set(weights)
+    if "lm_head.weight" in set(weights) - set(ref_weights):  # ZeRO-3 saves a tied output layer as well
+        torch.testing.assert_close(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+    for name in ref_weights:
+        torch.testing.assert_close(weights[name], ref_weights[name], rtol=1e-5, atol=1e-5, msg=name)
+    if case.startswith("grpo"):
+        assert logs[0]["reward_std"] > 0 and logs[1]["loss"] != 0  # sampled, scored and trained on
+
+
+def test_resumed_zero3_run_ends_where_the_uninterrupted_one_does(tmp_path):
+    """AdamW (its moments live in DeepSpeed's partitioned optimizer state) and a JSON config file."""
+    config = tmp_path / "ds.json"
+    from swift.arguments.deepspeed import PRESETS
+
+    config.write_text(json.dumps(PRESETS["zero3"]))
+    extra = ["--tuner_type", "full", "--optim", "adamw_torch", "--learning_rate", "1e-3", "--save_strategy", "steps",
+             "--save_steps", "1", "--deepspeed", str(config)]
+    _, whole = run(tmp_path / "whole", "sft", *extra, steps=3)
+    first = tmp_path / "first"
+    run(first, "sft", *extra, steps=1)  # the same run (constant learning rate), stopped after its first step
+    resumed_logs, resumed = run(first, "sft", *extra, "--resume_from_checkpoint", str(first / "checkpoint-1"),
+                                steps=3)
+    assert [r["global_step"] for r in resumed_logs][-2:] == [2, 3]
+    for name in whole:
+        torch.testing.assert_close(resumed[name], whole[name], rtol=1e-5, atol=1e-5, msg=name)
