@@ -14,6 +14,9 @@ class DataArguments:
     val_dataset: list[str] = field(default_factory=list, metadata={"help": "Validation data, same spec as --dataset."})
     split_dataset_ratio: float = field(default=0.0, metadata={"help": "Fraction of --dataset held out for validation when --val_dataset is not given."})
     columns: str | None = field(default=None, metadata={"help": "JSON mapping of column renames applied before format detection, e.g. '{\"q\": \"query\"}'."})
+    load_from_cache_file: bool = field(default=False, metadata={
+        "help": "ms-swift's dataset-cache switch. This version keeps no cache of encoded datasets: every run "
+                "encodes its rows (what a cache miss does), so true only logs that."})
     strict: bool = field(default=False, metadata={"help": "true: a bad row stops the run naming file and row; false: bad rows are dropped and counted."})
     streaming: bool = field(default=False, metadata={"help": "Read and encode data lazily as training consumes it (needs --max_steps)."})
     packing: bool = field(default=False, metadata={"help": "Bin-pack samples into rows of --max_length; tokens never attend across samples."})

@@ -21,6 +21,9 @@ class ModelArguments:
     attn_impl: str | None = field(default=None, metadata={"help": "Attention implementation: sdpa, eager, flex_attention, flash_attn / flash_attention_2 (CUDA + flash-attn)."})
     task_type: Literal["causal_lm", "seq_cls", "token_cls"] = field(default="causal_lm", metadata={
         "help": "causal_lm, seq_cls (a value head on the last token) or token_cls (a head on every token)."})
+    check_model: bool = field(default=True, metadata={
+        "help": "Before loading, read the header of every safetensors file of a local model directory, so a "
+                "truncated or corrupt download stops with one line naming the file (ms-swift's default: on)."})
     num_labels: int | None = field(default=None, metadata={
         "help": "Labels of the seq_cls/token_cls head (1 for a reward model, 2 for a process reward model)."})
 

@@ -25,7 +25,7 @@ REASONS: dict[str, tuple[str, ...]] = {
     "models load onto one device per process (multi-GPU: NPROC_PER_NODE)": ("device_map", "max_memory"),
     # -- data ----------------------------------------------------------------------------------------
     "datasets are not cached to disk by `swift export`; each run encodes its rows":
-        ("cached_dataset", "cached_val_dataset", "load_from_cache_file"),
+        ("cached_dataset", "cached_val_dataset"),
     "datasets are concatenated, not interleaved": ("interleave_prob", "stopping_strategy"),
     "streaming reads rows in file order without a shuffle buffer": ("shuffle_buffer_size",),
     "hub downloads reuse the local cache": ("download_mode",),
@@ -65,7 +65,6 @@ REASONS: dict[str, tuple[str, ...]] = {
         ("resume_only_model",),
     "the training data is always shuffled": ("train_dataloader_shuffle",),
     "length-grouped sampling is not implemented": ("group_by_length",),
-    "model files are not checked before training": ("check_model",),
     "the best checkpoint is not linked": ("create_checkpoint_symlink",),
     "packing fills sequences of --max_length in the main process": ("packing_length", "packing_num_proc"),
     "logits_to_keep is used whenever the model supports it": ("use_logits_to_keep",),

@@ -31,7 +31,8 @@ def load_for_serving(args, task_type: str = "causal_lm"):
     model_id = _model_id(args, adapters)
     model, tokenizer, info = load_model(model_id, use_hf=args.use_hf, revision=args.model_revision,
                                         torch_dtype=args.torch_dtype, attn_impl=args.attn_impl, task_type=task_type,
-                                        num_labels=args.num_labels)
+                                        num_labels=args.num_labels,
+                                        check_model=getattr(args, "check_model", False))
     if torch.cuda.is_available():
         model.to("cuda")
     for i, (name, path) in enumerate(adapters.items()):

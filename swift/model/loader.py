@@ -84,6 +84,28 @@ def attention(name: str) -> str:
     return impl
 
 
+def check_model_files(model_dir: str) -> None:
+    """`--check_model`: every safetensors file of the directory has a readable header and is as long
+    as its header says (a cut download fails here, in one line, rather than deep inside loading)."""
+    import json
+    import struct
+
+    for name in sorted(os.listdir(model_dir)):
+        if not name.endswith(".safetensors"):
+            continue
+        path = os.path.join(model_dir, name)
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if os.path.getsize(path) < 8 + n + end:
+                raise ValueError(f"{os.path.getsize(path)} bytes, its header describes {8 + n + end}")
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+            raise SwiftError(f"--model {model_dir}: weight file {name} is damaged ({e}); download it again, or pass "
+                             "--check_model false to skip this check") from None
+
+
 @contextlib.contextmanager
 def whole_weights():
     """Build a model from its config with whole tensors even under ZeRO-3, whose partitioned
@@ -109,8 +131,11 @@ def load_model(
     task_type: str = "causal_lm",
     num_labels: int | None = None,
     device: str | torch.device | None = None,
+    check_model: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelInfo]:
     model_dir, builtin = resolve_model_dir(model, use_hf=use_hf, revision=revision)
+    if check_model and not builtin:
+        check_model_files(model_dir)
     tokenizer = load_tokenizer(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     dtype = resolve_dtype(torch_dtype)

@@ -46,7 +46,7 @@ class TrainPipeline:
         a.training_args.enable_deepspeed()
         model, tokenizer, info = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
                                             torch_dtype=a.torch_dtype, attn_impl=a.attn_impl, task_type=a.task_type,
-                                            num_labels=a.num_labels)
+                                            num_labels=a.num_labels, check_model=a.check_model)
         if a.training_args.gradient_checkpointing and not model.supports_gradient_checkpointing:
             logger.info(f"gradient checkpointing is off: {type(model).__name__} does not support it")
             a.training_args.gradient_checkpointing = False
@@ -66,6 +66,8 @@ class TrainPipeline:
         a = self.args
         seed = a.data_seed if a.data_seed is not None else a.seed
         load = dict(column_map=a.data_args.column_map, strict=a.strict, seed=seed, use_hf=a.use_hf)
+        if a.load_from_cache_file:
+            logger.info("--load_from_cache_file: this version keeps no dataset cache; the rows are encoded now")
         if a.streaming:
             train = StreamingDataset(a.dataset, template, column_map=load["column_map"], strict=a.strict,
                                      use_hf=a.use_hf,

@@ -1,8 +1,8 @@
 """ms-swift's own example command lines (tests/data/ms_swift_commands.txt, 58 lines from its
 examples/) against our parser: each line of a command this version has either parses, or stops
 with one line — an ms-swift flag or value refused with its reason — never "unknown flag" and never
-a traceback. (Running each line to completion on the built-in model is the next step of the
-replay; these check the command lines as written.)"""
+a traceback; and each pt/sft/rlhf/infer line, with the hub pieces swapped for local ones, runs to
+completion on the built-in model or stops with one line."""
 import os
 import re
 import shlex
@@ -56,49 +56,64 @@ def test_an_ms_swift_command_line_parses_or_is_refused_in_one_line(source, comma
         assert "\n" not in str(e), (source, str(e))
 
 
-def on_this_machine(argv: list[str], out) -> list[str]:
-    """The same command line with the hub pieces swapped for local ones: the model for the built-in
-    tiny model, `swift/self-cognition` for `builtin:self-cognition`, other datasets for the built-in
-    chat data (row counts kept, capped at 64), and 2 steps into `out`."""
+# what a hub dataset becomes here, by --rlhf_type (sft and pt: chat data; self-cognition: its built-in copy)
+RLHF_DATA = {"dpo": "arith-dpo", "orpo": "arith-dpo", "simpo": "arith-dpo", "cpo": "arith-dpo", "rm": "arith-dpo",
+             "kto": "arith-kto", "prm": "arith-prm"}
+# lengths capped to the built-in model's 512-token context and a quick run
+CAPS = {"--max_completion_length": 16, "--max_new_tokens": 16, "--max_length": 512, "--vllm_max_model_len": 512}
+MODELS = ("--model", "--teacher_model", "--ref_model", "--reward_model")
+
+
+def on_this_machine(command: str, argv: list[str], out) -> list[str]:
+    """The same command line with the hub pieces swapped for local ones: models for the built-in tiny
+    model, `swift/self-cognition` for `builtin:self-cognition`, other datasets for the built-in data of
+    the command (at most 16 rows for rlhf, 64 otherwise, 8 to infer), lengths capped, 1 step into `out`."""
+    rlhf_type = argv[argv.index("--rlhf_type") + 1] if "--rlhf_type" in argv else None
     mapped, flag = [], None
     for token in argv:
         if token.startswith("--"):
             flag = token
             mapped.append(token)
-        elif flag == "--model":
+        elif flag in MODELS:
             mapped.append("builtin:tiny-chat")
-        elif flag == "--dataset":
+        elif flag in ("--dataset", "--val_dataset"):
             name, _, count = token.partition("#")
-            rows = min(int(count or 64), 64)
-            mapped.append(f"builtin:self-cognition#{rows}" if name == "swift/self-cognition" else f"builtin:arith-sft#{rows}")
+            rows = min(int(count or 64), 8 if command == "infer" else 16 if command == "rlhf" else 64)
+            local = "self-cognition" if name == "swift/self-cognition" else RLHF_DATA.get(rlhf_type, "arith-sft")
+            mapped.append(f"builtin:{local}#{rows}")
+        elif flag in CAPS and token.isdigit():
+            mapped.append(str(min(int(token), CAPS[flag])))
         else:
             mapped.append(token)
-    return [*mapped, "--max_steps", "2", "--output_dir", str(out), "--add_version", "false", "--report_to", "none",
-            "--save_strategy", "no", "--disable_tqdm", "true"]
+    if command == "infer":
+        return [*mapped, "--result_path", str(out / "result.jsonl")]
+    return [*mapped, "--max_steps", "1", "--output_dir", str(out), "--add_version", "false", "--report_to", "none",
+            "--save_strategy", "no", "--disable_tqdm", "true", "--split_dataset_ratio", "0"]
 
 
-def parses(command: str, argv: list[str]) -> bool:
-    try:
-        parse_args(_import(ARGUMENT_CLASSES[command]), argv)
-        return True
-    except SwiftError:
-        return False
+RUN = [x for x in LINES if x[1] in ("sft", "pt", "rlhf", "infer")]
 
 
-RUNNABLE = [x for x in LINES if x[1] in ("sft", "pt") and parses(x[1], x[2])]
+def test_at_least_40_lines_are_run():
+    assert len(RUN) >= 40
 
 
-@pytest.mark.parametrize("source,command,argv", RUNNABLE, ids=lambda x: x if isinstance(x, str) and "/" in x else None)
-def test_an_ms_swift_sft_line_runs_to_completion_here(source, command, argv, tmp_path):
-    """Each ms-swift sft/pt example that parses here trains to the end on the built-in model, or
-    stops with one line saying why (e.g. `--attn_impl flash_attn` on a machine without CUDA)."""
+@pytest.mark.parametrize("source,command,argv", RUN, ids=lambda x: x if isinstance(x, str) and "/" in x else None)
+def test_an_ms_swift_line_runs_to_completion_here(source, command, argv, tmp_path):
+    """Each ms-swift pt/sft/rlhf/infer example runs to the end on the built-in model (training: a
+    result.json; batch inference: its results; chat: ends with its input), or stops with one line
+    saying why (e.g. `--attn_impl flash_attn` without CUDA, a hub adapter that cannot be fetched)."""
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "swift", command, *on_this_machine(argv, tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k not in ("NPROC_PER_NODE", "NNODES")}
+    proc = subprocess.run([sys.executable, "-m", "swift", command, *on_this_machine(command, argv, tmp_path)],
+                          capture_output=True, text=True, timeout=600, input="", env={**env, "OMP_NUM_THREADS": "1"})
     if proc.returncode == 0:
-        assert os.path.isfile(tmp_path / "result.json")
+        if command == "infer":
+            assert "--val_dataset" not in argv or os.path.isfile(tmp_path / "result.jsonl"), source
+        else:
+            assert os.path.isfile(tmp_path / "result.json"), source
     else:
         assert "Traceback" not in proc.stderr, (source, proc.stderr[-3000:])
         assert proc.stderr.strip().splitlines()[-1].startswith(f"swift {command}: error: "), (source, proc.stderr[-500:])

@@ -43,3 +43,26 @@ def test_offline_hub_fails_in_one_line():
     with pytest.raises(SwiftError, match="Hugging Face hub .*pass a local path") as err:
         load_model("no-such-org/no-such-model", use_hf=True)
     assert "\n" not in str(err.value)
+
+
+def test_check_model_stops_on_a_cut_weight_file_in_one_line(tiny_dir, tmp_path):
+    """`--check_model` (on by default, as in ms-swift): a truncated download is named in one line
+    before anything loads; `--check_model false` skips the check (and loading then fails its own way)."""
+    import shutil
+    import subprocess
+    import sys
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    argv = ["--model", str(broken), "--dataset", "builtin:arith-sft#8", "--max_steps", "1", "--output_dir",
+            str(tmp_path / "out"), "--report_to", "none"]
+    proc = subprocess.run([sys.executable, "-m", "swift", "sft", *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"swift sft: error: --model {broken}: weight file model.safetensors is damaged (")
+    assert not (tmp_path / "out").exists()
+    from swift.model.loader import check_model_files
+
+    check_model_files(str(tiny_dir))  # an intact directory passes
