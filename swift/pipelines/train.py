@@ -18,6 +18,7 @@ from swift.dataset.encode import Collator, LazyDataset, ListDataset, StreamingDa
 from swift.dataset.loader import RowSet, load_rows, split_rows
 from swift.dataset.self_cognition import fill_identity
 from swift.model import load_model
+from swift.model.loader import resolve_dtype
 from swift.pipelines.base import resolve_args
 from swift.template import choose_template, get_template
 from swift.trainers.callbacks import ArgsInCheckpointCallback, JsonlLogCallback
@@ -43,6 +44,8 @@ class TrainPipeline:
         if a.task_type not in self.task_types:
             raise SwiftError(f"--task_type {a.task_type} is trained with `swift rlhf --rlhf_type rm|prm`; "
                              "sft/pt train causal_lm")
+        if resolve_dtype(a.torch_dtype) == torch.bfloat16:
+            a.training_args.bf16 = True  # before DeepSpeed fills its "auto" precision from it
         a.training_args.enable_deepspeed()
         model, tokenizer, info = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
                                             torch_dtype=a.torch_dtype, attn_impl=a.attn_impl, task_type=a.task_type,
