@@ -118,7 +118,7 @@ REASONS: dict[str, tuple[str, ...]] = {
     "GKD distils on token distributions only (no sequence-level KD) and keeps the teacher loaded":
         ("seq_kd", "offload_teacher_model"),
     "--rlhf_type ppo is not in this version yet":
-        ("num_ppo_epochs", "whiten_rewards", "kl_coef", "cliprange", "vf_coef", "cliprange_value", "gamma", "lam",
+        ("num_ppo_epochs", "response_length", "whiten_rewards", "kl_coef", "cliprange", "vf_coef", "cliprange_value", "gamma", "lam",
          "num_mini_batches", "local_rollout_forward_batch_size", "num_sample_generations", "missing_eos_penalty"),
     "GRPO evaluation generates --num_generations samples": ("num_generations_eval",),
     "reward models are given by --reward_model / --reward_model_url; plugins register reward functions":

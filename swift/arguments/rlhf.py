@@ -266,6 +266,9 @@ class RLHFArguments(SftArguments):
         if self.precompute_ref_log_probs:
             raise SwiftError("--precompute_ref_log_probs runs before DeepSpeed has set up the model, which ZeRO-3 "
                              "partitions; leave it off (the reference then runs beside the policy) or use ZeRO-2")
+        if algo.trainer == "rollout" and self.tuner_type == "lora" and (self.use_dora or self.lora_bias != "none"):
+            raise SwiftError("--use_dora / --lora_bias: under ZeRO-3 the rollout engine receives the weights merged "
+                             "as plain LoRA, which these are not; use --deepspeed zero2")
         if algo.trainer == "distill" and self.lmbda > 0:
             raise SwiftError("--rlhf_type gkd samples the student's answers (--lmbda > 0), which is not implemented "
                              "under ZeRO-3; use --lmbda 0, or --deepspeed zero2")

@@ -25,8 +25,8 @@ class TrainingArguments(Seq2SeqTrainingArguments):
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule (cosine, linear, constant, ...)."})
     logging_steps: float = field(default=5, metadata={"help": "Log every N optimizer steps."})
     eval_strategy: str | None = field(default=None, metadata={"help": "no | steps | epoch; 'steps' when validation data exists."})
-    report_to: None | str | list[str] = field(default_factory=lambda: ["tensorboard"], metadata={
-        "help": "Trackers: tensorboard (default), wandb, none, ..."})
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"], metadata={
+        "help": "Trackers, one or several: tensorboard (default), wandb, none, ..."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep our encoded columns (do not change)."})
     use_cpu: bool | None = field(default=None, metadata={"help": "Train on CPU (default: only when no GPU is present)."})
     gradient_checkpointing: bool = field(default=True, metadata={
@@ -94,7 +94,20 @@ class TrainingArguments(Seq2SeqTrainingArguments):
             self.fsdp = ["full_shard", "auto_wrap"]
             self.fsdp_config = {"version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                                 "cpu_ram_efficient_loading": True, "state_dict_type": "SHARDED_STATE_DICT",
-                                **(self.fsdp_config if isinstance(self.fsdp_config, dict) else {})}
+                                **_fsdp_overrides(self.fsdp_config)}
+
+
+def _fsdp_overrides(config) -> dict:
+    """`--fsdp_config` given with the fsdp2 preset: a dict or a JSON file, whose keys win."""
+    if isinstance(config, str):
+        import json
+
+        try:
+            with open(config) as f:
+                config = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise SwiftError(f"--fsdp_config {config}: not a readable JSON file ({e})") from None
+    return dict(config or {})
 
 
 class SftArguments(ComposedArguments):

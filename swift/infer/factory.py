@@ -12,6 +12,7 @@ from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
 from swift.infer.protocol import InferEngine
 from swift.model import load_model, load_tokenizer, resolve_model_dir
+from swift.model.loader import check_model_files
 from swift.pipelines.merge_lora import base_model_of
 from swift.template import choose_template, get_template
 from swift.utils.registry import SwiftError
@@ -60,6 +61,8 @@ def build_vllm_engine(args, **engine_kwargs) -> tuple[InferEngine, dict[str, str
     adapters = args.engine_args.named_adapters()
     model_id = _model_id(args, adapters)
     model_dir, builtin = resolve_model_dir(model_id, use_hf=args.use_hf, revision=args.model_revision)
+    if getattr(args, "check_model", False) and not builtin:
+        check_model_files(model_dir)
     tokenizer = load_tokenizer(model_dir)
     if builtin:  # vLLM reads weights from disk: write the seeded built-in model out once
         model_dir = os.path.join(tempfile.gettempdir(), "swift-" + model_id.replace(":", "-"))

@@ -114,6 +114,8 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
         messages = messages[:-1]
     if not messages:
         raise RowError("no prompt: the row has only an assistant message")
+    if row.get("tools"):  # never dropped without a word
+        raise RowError("online RL does not pass a row's tools to the rollout yet; remove the tools column")
     template.encode_prompt(messages)  # fail here, with the row, if the prompt cannot be rendered
     return {"messages": messages, "columns": {k: v for k, v in row.items() if k != "messages"}}
 
@@ -193,7 +195,8 @@ class RLHFPipeline(TrainPipeline):
         extra: dict[str, Any] = {"algorithm": algo, "rlhf_args": a.rlhf_args}
         if algo.reference and a.beta != 0:  # grpo with β = 0 loads no reference model
             if a.ref_model:
-                extra["ref_model"] = load_model(a.ref_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype)[0]
+                extra["ref_model"] = load_model(a.ref_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype,
+                                                check_model=a.check_model)[0]
             elif (a.tuner_type == "lora" and not a.adapters) or a.precompute_ref_log_probs:
                 extra["ref_model"] = None  # LoRA: the policy with adapters disabled; precompute: the policy at step 0
             elif zero3(a.training_args):  # the policy's weights are partitioned: load the reference again
@@ -202,7 +205,8 @@ class RLHFPipeline(TrainPipeline):
             else:
                 extra["ref_model"] = copy.deepcopy(model)  # full tuning: freeze the starting weights
         if algo.trainer == "distill":
-            teacher = load_model(a.teacher_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype)[0]
+            teacher = load_model(a.teacher_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype,
+                                 check_model=a.check_model)[0]
             if teacher.config.vocab_size != model.config.vocab_size:
                 raise SwiftError(f"--teacher_model {a.teacher_model} has a vocabulary of {teacher.config.vocab_size} "
                                  f"tokens, the student {model.config.vocab_size}; distillation needs the same one")
@@ -234,7 +238,7 @@ class RLHFPipeline(TrainPipeline):
 
             adapter = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
             if zero3(a.training_args):  # the policy is partitioned: generate with a whole copy, synced bucket-wise
-                model, adapter = whole_copy(model), None
+                model, adapter = whole_copy(model).to(a.training_args.device), None
             return TransformersEngine(model, template.tokenizer, template, default_adapter=adapter,
                                       max_batch_size=max(a.per_device_train_batch_size, 8))
 

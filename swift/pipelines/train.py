@@ -44,8 +44,9 @@ class TrainPipeline:
         if a.task_type not in self.task_types:
             raise SwiftError(f"--task_type {a.task_type} is trained with `swift rlhf --rlhf_type rm|prm`; "
                              "sft/pt train causal_lm")
-        if resolve_dtype(a.torch_dtype) == torch.bfloat16:
-            a.training_args.bf16 = True  # before DeepSpeed fills its "auto" precision from it
+        dtype = resolve_dtype(a.torch_dtype)  # precision decided before DeepSpeed fills its "auto" values from it
+        a.training_args.bf16 = a.training_args.bf16 or dtype == torch.bfloat16
+        a.training_args.fp16 = a.training_args.fp16 or dtype == torch.float16
         a.training_args.enable_deepspeed()
         model, tokenizer, info = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
                                             torch_dtype=a.torch_dtype, attn_impl=a.attn_impl, task_type=a.task_type,
@@ -168,6 +169,10 @@ class TrainPipeline:
         trainer.save_model(out)
         if hasattr(trainer, "close"):
             trainer.close()  # e.g. an inference engine's processes
+        if a.training_args.deepspeed:  # a later model loaded in this process must not be partitioned
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
         checksums = _rank_checksums(trainer.model)
         result = {
             "output_dir": out,

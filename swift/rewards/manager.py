@@ -48,7 +48,10 @@ class RewardModelReward:
         from swift.model import load_model
         from swift.template import get_template, infer_template
 
-        model, tokenizer, info = load_model(path, task_type="seq_cls")
+        from swift.model.loader import whole_weights
+
+        with whole_weights():  # under ZeRO-3 too: it scores outside the trainer's forwards, on each rank alone
+            model, tokenizer, info = load_model(path, task_type="seq_cls")
         template = get_template(template_name or infer_template(info.model_type, tokenizer), tokenizer)
         self.scorer = RewardScorer(model, tokenizer, template)
 

@@ -161,6 +161,8 @@ class Llama32Template(Llama3Template):
     date: str | None = None  # "%d %b %Y"; today when unset
 
     def with_system(self, messages: list[dict]) -> list[dict]:
+        if messages and messages[0].get("_raw"):  # already given its header (encode_continuation → encode_prompt)
+            return messages
         messages = super().with_system(messages)
         system = messages[0]["content"].strip() if messages and messages[0]["role"] == "system" else ""
         rest = messages[1:] if messages and messages[0]["role"] == "system" else messages

@@ -56,10 +56,12 @@ def ddp(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("case,preset", [("pt", "zero3"), ("sft", "zero2"), ("sft", "zero3"), ("dpo", "zero3"),
-                                         ("grpo_full", "zero3"), ("grpo_lora", "zero3")])
+@pytest.mark.parametrize("case,preset", [("pt", "zero3"), ("sft", "zero2"), ("sft", "zero3"), ("sft", "zero1+ga"),
+                                         ("dpo", "zero3"), ("grpo_full", "zero3"), ("grpo_lora", "zero3")])
 def test_deepspeed_equals_ddp(tmp_path, ddp, case, preset):
     command, extra = CASES[case]
+    if preset.endswith("+ga"):  # half the micro-batch, two accumulation steps: the same global batch
+        preset, extra = preset[:-3], [*extra, "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2"]
     logs, weights = run(tmp_path, command, *extra, "--deepspeed", preset)
     ref_logs, ref_weights = ddp(case)
     assert len(logs) == len(ref_logs) == 2

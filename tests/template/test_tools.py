@@ -77,6 +77,10 @@ def test_llama3_2_renders_like_its_chat_template_and_refuses_tools(tokenizer):
         text, _ = template.render(template.with_system(prefix + messages), add_generation_prompt=True)
         assert text == jinja("llama3_2", tokenizer, prefix + messages, None, True, date_string="26 Jul 2024",
                              bos_token="<|begin_of_text|>")
+    # the prompts GRPO and inference build (encode_continuation calls encode_prompt): one header
+    expected = tokenizer(jinja("llama3_2", tokenizer, messages, None, True, date_string="26 Jul 2024",
+                               bos_token="<|begin_of_text|>"), add_special_tokens=False).input_ids
+    assert template.encode_continuation(messages) == template.encode_prompt(messages) == expected
     with pytest.raises(RowError, match="cannot render tools"):
         template.encode_prompt(messages, TOOLS)
     with pytest.raises(RowError, match="cannot render tools"):
