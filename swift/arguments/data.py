@@ -19,6 +19,9 @@ class DataArguments:
                 "encodes its rows (what a cache miss does), so true only logs that."})
     strict: bool = field(default=False, metadata={"help": "true: a bad row stops the run naming file and row; false: bad rows are dropped and counted."})
     streaming: bool = field(default=False, metadata={"help": "Read and encode data lazily as training consumes it (needs --max_steps)."})
+    padding_free: bool = field(default=False, metadata={
+        "help": "Each batch becomes one row without padding: its samples side by side, with per-sample position "
+                "ids and a block-diagonal causal mask (pt/sft; sdpa or eager attention)."})
     packing: bool = field(default=False, metadata={"help": "Bin-pack samples into rows of --max_length; tokens never attend across samples."})
     dataset_shuffle: bool = field(default=True, metadata={"help": "Shuffle the mixed dataset once after loading."})
     model_name: list[str] = field(default_factory=list, metadata={

@@ -36,7 +36,6 @@ REASONS: dict[str, tuple[str, ...]] = {
     "tools are rendered by the model's own chat template; agent templates are not implemented": ("agent_template",),
     "conversations always use the chat template (swift pt trains on raw text)": ("use_chat_template",),
     "padding is on the right for training and on the left for generation": ("padding_side",),
-    "padding-free batches are not implemented; --packing true removes padding on CPU and GPU": ("padding_free",),
     "sequence parallelism is not implemented": ("sequence_parallel_size",),
     "templates are swift's own (or the tokenizer's Jinja template via --template jinja)": ("template_backend",),
     "answers are generated without a forced prefix": ("response_prefix",),
@@ -112,11 +111,10 @@ REASONS: dict[str, tuple[str, ...]] = {
     "adapters are merged with `swift merge-lora` before serving a merged model": ("merge_lora", "max_shard_size"),
     # -- rlhf ----------------------------------------------------------------------------------------
     "reference, reward and teacher models load as given (no separate adapters, model types or revisions)":
-        ("ref_adapters", "ref_model_type", "ref_model_revision", "reward_adapters", "reward_model_type",
+        ("ref_model_type", "ref_model_revision", "reward_adapters", "reward_model_type",
          "reward_model_revision", "teacher_adapters", "teacher_model_type", "teacher_model_revision"),
     "this DPO loss variant is not implemented": ("ld_alpha", "discopop_tau"),
-    "GKD distils on token distributions only (no sequence-level KD) and keeps the teacher loaded":
-        ("seq_kd", "offload_teacher_model"),
+    "GKD keeps the teacher loaded": ("offload_teacher_model",),
     "--rlhf_type ppo is not in this version yet":
         ("num_ppo_epochs", "response_length", "whiten_rewards", "kl_coef", "cliprange", "vf_coef", "cliprange_value", "gamma", "lam",
          "num_mini_batches", "local_rollout_forward_batch_size", "num_sample_generations", "missing_eos_penalty"),

@@ -13,6 +13,9 @@ class RlhfArguments:
     rlhf_type: str = field(default="dpo", metadata={"help": "Algorithm: dpo, orpo, simpo, cpo, kto, rm, prm, gkd, grpo."})
     ref_model: str | None = field(default=None, metadata={
         "help": "Reference model (default: the frozen starting model; for LoRA, the policy with adapters disabled)."})
+    ref_adapters: list[str] = field(default_factory=list, metadata={
+        "help": "LoRA adapters merged into the reference model (--ref_model, else --model), e.g. the SFT adapter "
+                "the policy starts from."})
     precompute_ref_log_probs: bool = field(default=False, metadata={
         "help": "Compute the reference log-probs of every sample once before training, then free the reference."})
     beta: float | None = field(default=None, metadata={
@@ -33,6 +36,9 @@ class RlhfArguments:
         "help": "rm: add c × mean (r_chosen + r_rejected)² to centre the rewards."})
     step_separator: str = field(default="\n", metadata={"help": "prm: text that ends each step; its token is labelled."})
     teacher_model: str | None = field(default=None, metadata={"help": "gkd: the teacher (same vocabulary)."})
+    seq_kd: bool = field(default=False, metadata={
+        "help": "gkd: sequence-level KD — train on the teacher's own answers to the prompts (sampled with "
+                "--temperature, up to --max_completion_length) instead of the dataset's."})
     lmbda: float = field(default=0.5, metadata={"help": "gkd: fraction of steps trained on the student's own samples."})
     sft_alpha: float = field(default=0.0, metadata={"help": "gkd: weight of the NLL of the dataset answers."})
     max_completion_length: int = field(default=512, metadata={"help": "Most tokens the policy generates (gkd, grpo)."})
@@ -239,8 +245,9 @@ class RLHFArguments(SftArguments):
             self.model_args.task_type = algo.task_type
             self.model_args.num_labels = self.model_args.num_labels or algo.num_labels
         super().__post_init__()
-        if self.packing:
-            raise SwiftError("--packing is not supported with swift rlhf (each row's sequences are kept together)")
+        if self.packing or self.padding_free:
+            raise SwiftError(f"--{'packing' if self.packing else 'padding_free'} is not supported with swift rlhf "
+                             "(each row's sequences are kept together); it applies to swift pt and swift sft")
         if self.lazy_tokenize and algo.data in ("unpaired", "prompt"):
             raise SwiftError(f"--lazy_tokenize does not apply to --rlhf_type {self.rlhf_type} (its rows are "
                              "encoded up front: KTO pairs rows across the batch, online RL encodes prompts only)")
@@ -250,7 +257,10 @@ class RLHFArguments(SftArguments):
         if self.use_dora and (self.use_vllm or self.rlhf_args.server_mode):
             raise SwiftError("--use_dora: the weights sent to vLLM or a rollout server are merged as plain LoRA, "
                              "which DoRA is not; generate with the built-in colocated engine")
-        uses_reference = algo.reference and not self.ref_model and not (self.rlhf_type == "grpo" and not self.beta)
+        if self.ref_adapters and not (algo.reference and self.beta != 0):
+            raise SwiftError(f"--ref_adapters: --rlhf_type {self.rlhf_type} uses no reference model here")
+        uses_reference = algo.reference and not self.ref_model and not self.ref_adapters \
+            and not (self.rlhf_type == "grpo" and not self.beta)
         changes_base = self.lora_bias != "none" or str(self.init_weights).lower() in ("pissa", "olora")
         if self.tuner_type == "lora" and uses_reference and changes_base:
             raise SwiftError("--lora_bias / --init_weights pissa|olora change the base model's weights, so the model "
@@ -269,6 +279,6 @@ class RLHFArguments(SftArguments):
         if algo.trainer == "rollout" and self.tuner_type == "lora" and (self.use_dora or self.lora_bias != "none"):
             raise SwiftError("--use_dora / --lora_bias: under ZeRO-3 the rollout engine receives the weights merged "
                              "as plain LoRA, which these are not; use --deepspeed zero2")
-        if algo.trainer == "distill" and self.lmbda > 0:
-            raise SwiftError("--rlhf_type gkd samples the student's answers (--lmbda > 0), which is not implemented "
-                             "under ZeRO-3; use --lmbda 0, or --deepspeed zero2")
+        if algo.trainer == "distill" and (self.lmbda > 0 or self.seq_kd):
+            raise SwiftError("--rlhf_type gkd samples answers (--lmbda > 0 or --seq_kd), which is not implemented "
+                             "under ZeRO-3; use --lmbda 0 without --seq_kd, or --deepspeed zero2")

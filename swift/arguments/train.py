@@ -140,10 +140,11 @@ class SftArguments(ComposedArguments):
             raise SwiftError("--dataset is required (a file, a hub id, or builtin:arith-sft)")
         if self.streaming and self.max_steps <= 0:
             raise SwiftError("--streaming needs --max_steps (the length of a stream is unknown)")
-        if self.packing and self.attn_impl in ("flash_attn", "flash_attention_2", "flash_attention_3"):
-            raise SwiftError("--packing builds a block-diagonal attention mask, which FlashAttention does not take "
+        if (self.packing or self.padding_free) and self.attn_impl in ("flash_attn", "flash_attention_2",
+                                                                      "flash_attention_3"):
+            raise SwiftError(f"--{'packing' if self.packing else 'padding_free'} builds a block-diagonal attention mask, which FlashAttention does not take "
                              "(padding-free FlashAttention packing is not implemented yet); use --attn_impl sdpa")
-        if self.task_type == "seq_cls" and self.packing:
+        if self.task_type == "seq_cls" and (self.packing or self.padding_free):
             raise SwiftError("--packing is for causal_lm; seq_cls samples are scored one per row")
 
 

@@ -144,17 +144,18 @@ def pack(samples: list[dict], max_length: int, seed: int = 42) -> list[dict]:
             bins.append([i])
             space.append(max_length - n)
     random.Random(seed).shuffle(bins)
-    packed = []
-    for b in bins:
-        ids, labels, lens = [], [], []
-        for i in b:
-            s = samples[i]
-            ids += s["input_ids"]
-            # The first token of a sample is never predicted from the previous sample.
-            labels += [IGNORE_INDEX] + s["labels"][1:]
-            lens.append(len(s["input_ids"]))
-        packed.append({"input_ids": ids, "labels": labels, "seq_lens": lens})
-    return packed
+    return [join([samples[i] for i in b]) for b in bins]
+
+
+def join(samples: list[dict]) -> dict:
+    """Samples side by side in one row that keeps their lengths (`seq_lens`); the first token of a
+    sample is never predicted from the previous sample."""
+    ids, labels, lens = [], [], []
+    for s in samples:
+        ids += s["input_ids"]
+        labels += [IGNORE_INDEX] + s["labels"][1:]
+        lens.append(len(s["input_ids"]))
+    return {"input_ids": ids, "labels": labels, "seq_lens": lens}
 
 
 class StreamingDataset(IterableDataset):
@@ -235,3 +236,11 @@ class Collator:
         allowed = (segment[:, :, None] == segment[:, None, :]) & causal
         additive = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(~allowed, torch.finfo(self.dtype).min)
         return {"attention_mask": additive[:, None], "position_ids": position}
+
+
+class PaddingFreeCollator(Collator):
+    """`--padding_free`: each batch becomes one row of its samples side by side (no padding), with
+    per-sample position ids and a block-diagonal causal mask; rows already packed pass through."""
+
+    def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        return super().__call__(batch if "seq_lens" in batch[0] else [join(batch)])

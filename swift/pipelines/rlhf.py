@@ -194,7 +194,9 @@ class RLHFPipeline(TrainPipeline):
         a, algo = self.args, self.algorithm
         extra: dict[str, Any] = {"algorithm": algo, "rlhf_args": a.rlhf_args}
         if algo.reference and a.beta != 0:  # grpo with β = 0 loads no reference model
-            if a.ref_model:
+            if a.ref_adapters:  # its own model with these adapters merged in
+                extra["ref_model"] = self._reference_with_adapters()
+            elif a.ref_model:
                 extra["ref_model"] = load_model(a.ref_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype,
                                                 check_model=a.check_model)[0]
             elif (a.tuner_type == "lora" and not a.adapters) or a.precompute_ref_log_probs:
@@ -214,6 +216,19 @@ class RLHFPipeline(TrainPipeline):
         if algo.trainer == "rollout":
             extra.update(self._rollout_parts())
         return extra
+
+    def _reference_with_adapters(self):
+        from peft import PeftModel
+
+        from swift.model.loader import whole_weights
+
+        a = self.args
+        with whole_weights():  # merged whole (the trainer partitions it under ZeRO-3)
+            model = load_model(a.ref_model or a.model, use_hf=a.use_hf, revision=None if a.ref_model else a.model_revision,
+                               torch_dtype=a.torch_dtype, attn_impl=a.attn_impl, check_model=a.check_model)[0]
+        for path in a.ref_adapters:
+            model = PeftModel.from_pretrained(model, path).merge_and_unload()
+        return model
 
     def _rollout_parts(self) -> dict[str, Any]:
         from swift.rewards.manager import RewardManager, build_reward_funcs

@@ -14,7 +14,8 @@ from transformers import set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
 from swift.arguments import PtArguments, SftArguments
-from swift.dataset.encode import Collator, LazyDataset, ListDataset, StreamingDataset, encode_rows, pack
+from swift.dataset.encode import (Collator, LazyDataset, ListDataset, PaddingFreeCollator, StreamingDataset, encode_rows,
+                                  pack)
 from swift.dataset.loader import RowSet, load_rows, split_rows
 from swift.dataset.self_cognition import fill_identity
 from swift.model import load_model
@@ -116,7 +117,7 @@ class TrainPipeline:
                            num_proc=self.args.dataset_num_proc)
 
     def collator(self, tokenizer, model):
-        return Collator(tokenizer.pad_token_id, dtype=model.dtype)
+        return (PaddingFreeCollator if self.args.padding_free else Collator)(tokenizer.pad_token_id, dtype=model.dtype)
 
     def trainer_kwargs(self, model) -> dict[str, Any]:
         """Extra keyword arguments for `trainer_cls` (e.g. a reference model)."""

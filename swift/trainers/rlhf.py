@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import defaultdict
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -200,35 +201,40 @@ class DistillTrainer(RLHFTrainer):
         super().__init__(*args, **kwargs)
         self.teacher = self.frozen(teacher_model)
         self._rng = random.Random(self.args.seed)
-        self._engine = None
+        self._engines: dict[str, Any] = {}
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.rlhf_args.seq_kd:  # sequence-level KD: the teacher's answers replace the dataset's
+            inputs = self._sampled(inputs, "teacher")
         if self._rng.random() < self.rlhf_args.lmbda:
-            inputs = self._on_policy(inputs)
+            inputs = self._sampled(inputs, "student")
         return super().training_step(model, inputs, num_items_in_batch)
 
-    def _on_policy(self, inputs: dict) -> dict:
-        """Replace the answers by the student's own samples (generated with the inference engine)."""
+    def _sampled(self, inputs: dict, by: str) -> dict:
+        """The batch's prompts with answers sampled by the student (its own, on-policy) or the teacher
+        (--seq_kd), generated with the inference engine."""
         from swift.infer.transformers_engine import TransformersEngine
 
         a = self.rlhf_args
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        was_training = unwrapped.training  # before the engine, which puts its model in eval mode
-        if self._engine is None:
+        model = self.accelerator.unwrap_model(self.model) if by == "student" else self.teacher
+        was_training = model.training  # before the engine, which puts its model in eval mode
+        if by not in self._engines:
             # the student samples with its adapters on (LoRA), as it is being trained
-            adapter = getattr(unwrapped, "active_adapter", None) if hasattr(unwrapped, "peft_config") else None
-            self._engine = TransformersEngine(unwrapped, self.processing_class, template=None, default_adapter=adapter)
-        unwrapped.eval()
+            adapter = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
+            self._engines[by] = TransformersEngine(model, self.processing_class, template=None,
+                                                   default_adapter=adapter)
+        model.eval()
         config = RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature,
                                seed=self._rng.randrange(2 ** 31))
-        responses = self._engine.infer([InferRequest(input_ids=p) for p in inputs["prompt_ids"]], config)
-        unwrapped.train(was_training)
+        responses = self._engines[by].infer([InferRequest(input_ids=p) for p in inputs["prompt_ids"]], config)
+        model.train(was_training)
         samples = []
         for prompt, response in zip(inputs["prompt_ids"], responses):
             completion = response.choices[0].sampled_token_ids()  # the end token it sampled, if any
-            samples.append({"sequences": [(prompt + completion, [IGNORE_INDEX] * len(prompt) + completion)]})
+            samples.append({"sequences": [(prompt + completion, [IGNORE_INDEX] * len(prompt) + completion)],
+                            "prompt_ids": prompt})
         batch = self.data_collator(samples)
-        batch["on_policy"] = True
+        batch["on_policy"] = by == "student"
         return batch
 
     def loss_and_metrics(self, model, inputs):

@@ -155,7 +155,7 @@ def test_deepspeed_presets_files_and_refusals(tmp_path, monkeypatch):
         parse_args(SftArguments, [*base, "--fsdp", "fsdp2", "--use_cpu", "true"])
     from swift.arguments.rlhf import RLHFArguments
 
-    with pytest.raises(SwiftError, match="^--rlhf_type gkd samples the student's answers"):
+    with pytest.raises(SwiftError, match=r"^--rlhf_type gkd samples answers \(--lmbda > 0 or --seq_kd\)"):
         parse_args(RLHFArguments, [*base, "--rlhf_type", "gkd", "--teacher_model", "builtin:tiny-chat",
                                    "--deepspeed", "zero3"])
     real = importlib.util.find_spec

@@ -120,3 +120,41 @@ def test_lazy_tokenize_encodes_rows_when_training_reaches_them(tmp_path):
     result = rlhf_main(train_argv(tmp_path / "dpo", "--rlhf_type", "dpo", "--dataset", "builtin:arith-dpo#16",
                                   "--lazy_tokenize", "true", "--max_steps", "2"))
     assert result["global_step"] == 2
+
+
+def test_padding_free_trains_like_padded_batches(tmp_path):
+    """`--padding_free`: the same samples and loss per step as padded batches (SGD, 3 steps, mixed
+    lengths), through `swift sft`'s own collator and trainer."""
+    from safetensors.torch import load_file
+
+    from swift.pipelines.train import sft_main
+    from tests.conftest import train_argv
+
+    def run(out, *extra):
+        sft_main(train_argv(out, "--tuner_type", "full", "--optim", "sgd", "--learning_rate", "0.5", "--max_steps",
+                            "3", "--lr_scheduler_type", "constant", "--dataset", "builtin:arith-sft#16",
+                            "builtin:self-cognition#16", *extra))
+        with open(out / "logging.jsonl") as f:
+            losses = [r["loss"] for r in map(json.loads, f) if "loss" in r]
+        return losses, load_file(out / "model.safetensors")
+
+    padded_losses, padded = run(tmp_path / "padded")
+    free_losses, free = run(tmp_path / "free", "--padding_free", "true")
+    assert free_losses == pytest.approx(padded_losses, rel=1e-5)
+    for name in padded:
+        torch.testing.assert_close(free[name], padded[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_padding_free_batches_are_one_row_without_padding(tiny):
+    from swift.arguments import SftArguments
+    from swift.pipelines.base import resolve_args
+    from swift.pipelines.train import TrainPipeline
+
+    model, tokenizer, _ = tiny
+    args = resolve_args(SftArguments, ["--model", "builtin:tiny-chat", "--dataset", "x", "--padding_free", "true"],
+                        "swift sft")
+    collate = TrainPipeline(args).collator(tokenizer, model)
+    samples = [{"input_ids": [5] * n, "labels": [5] * n} for n in (3, 7, 4)]
+    batch = collate(samples)
+    assert batch["input_ids"].shape == (1, 14) and batch["attention_mask"].shape == (1, 1, 14, 14)
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, *range(7), 0, 1, 2, 3]

@@ -58,3 +58,19 @@ def test_rows_without_rejected_are_reported(tmp_path):
         rlhf_main(train_argv(tmp_path, "--dataset", "builtin:arith-sft#4", "--strict", "true"))
     with pytest.raises(SwiftError, match="--loss_type|unknown DPO loss type 'sigmod'"):
         rlhf_main(train_argv(tmp_path, "--dataset", "builtin:arith-dpo#4", "--loss_type", "sigmod"))
+
+
+def test_ref_adapters_make_the_reference_the_adapted_model(tmp_path):
+    """`--ref_adapters A` with `--adapters A`: the reference is the base model with A merged, so the
+    first step's implicit rewards are zero; without it (the reference is the base model) they are not."""
+    from swift.pipelines.train import sft_main
+
+    adapter = tmp_path / "sft"
+    sft_main(train_argv(adapter, "--learning_rate", "1e-2", "--max_steps", "4", "--dataset", "builtin:arith-sft#16"))
+    common = ["--dataset", "builtin:arith-dpo#8", "--max_steps", "1", "--per_device_train_batch_size", "8",
+              "--adapters", str(adapter)]
+    rlhf_main(train_argv(tmp_path / "with", *common, "--ref_adapters", str(adapter)))
+    rlhf_main(train_argv(tmp_path / "without", *common))
+    with_ref, without = read_log(tmp_path / "with")[0], read_log(tmp_path / "without")[0]
+    assert with_ref["rewards/chosen"] == pytest.approx(0.0, abs=1e-5)
+    assert abs(without["rewards/chosen"]) > 1e-3

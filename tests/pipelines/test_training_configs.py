@@ -98,3 +98,33 @@ def test_ms_swift_lora_variants_train_and_are_saved(tmp_path):
     assert math.isfinite(result["metrics"]["train_loss"])
     model = PeftModel.from_pretrained(load_model("builtin:tiny-chat")[0], out)
     assert any("lora_magnitude_vector" in n for n, _ in model.named_parameters())
+
+
+def test_gkd_seq_kd_trains_on_the_teachers_greedy_answers(tmp_path):
+    """`--seq_kd`: the batch the student trains on holds the teacher's own answers (greedy here,
+    `--temperature 0`), computed through the trainer's training_step, not the dataset's."""
+    from swift.model import load_model as load
+
+    teacher_dir = tmp_path / "teacher"  # a teacher that answers differently from the student
+    teacher, tokenizer, _ = load("builtin:tiny-chat")
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5)
+    teacher.save_pretrained(teacher_dir)
+    tokenizer.save_pretrained(teacher_dir)
+    pipeline = RLHFPipeline(resolve_args(RLHFArguments, train_argv(
+        tmp_path / "out", "--rlhf_type", "gkd", "--teacher_model", str(teacher_dir), "--seq_kd", "true",
+        "--lmbda", "0", "--temperature", "0", "--max_completion_length", "5", "--max_steps", "1"), "swift rlhf"))
+    trainer = pipeline.build_trainer()
+    seen = []
+    trainer.loss_and_metrics = lambda model, inputs: (seen.append(inputs) or (model(
+        input_ids=inputs["input_ids"]).logits.sum() * 0, {}))
+    trainer.train()
+    batch, teacher = seen[0], trainer.teacher
+    for prompt, ids, labels in zip(batch["prompt_ids"], batch["input_ids"], batch["labels"]):
+        answer = [t for t in labels.tolist() if t != -100]
+        with torch.no_grad():
+            greedy = teacher.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False)[0, len(prompt):]
+        assert answer == greedy.tolist()[:len(answer)] and len(answer) > 0
+    dataset_answers = {tuple(s["sequences"][0][1]) for s in trainer.train_dataset}
+    assert not any(tuple(lab.tolist()) in dataset_answers for lab in batch["labels"])
