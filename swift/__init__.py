@@ -1,9 +1,15 @@
 """swift: one CLI for the LLM post-training loop."""
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# bitsandbytes (imported by peft whenever it is installed) warns on every start on CPUs with
+# AVX512-BF16 that an optional kernel from the hub is missing; it falls back to its own, and the
+# warning would be the first line of every command's output.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 _LAZY = {
     "sft_main": "swift.pipelines.train",

@@ -24,6 +24,17 @@ class ModelArguments:
     check_model: bool = field(default=True, metadata={
         "help": "Before loading, read the header of every safetensors file of a local model directory, so a "
                 "truncated or corrupt download stops with one line naming the file (ms-swift's default: on)."})
+    quant_method: str | None = field(default=None, metadata={
+        "help": "Quantized loading: bnb (bitsandbytes; the method --quant_bits implies)."})
+    quant_bits: int | None = field(default=None, metadata={
+        "help": "4 or 8: load the linear layers quantized with bitsandbytes (QLoRA with --tuner_type lora; "
+                "pip install -e \".[qlora]\")."})
+    bnb_4bit_compute_dtype: str | None = field(default=None, metadata={
+        "help": "4-bit: the dtype of the matmuls (default: the model's --torch_dtype)."})
+    bnb_4bit_quant_type: str = field(default="nf4", metadata={"help": "4-bit: nf4 or fp4."})
+    bnb_4bit_use_double_quant: bool = field(default=True, metadata={"help": "4-bit: quantize the scales too."})
+    bnb_4bit_quant_storage: str | None = field(default=None, metadata={
+        "help": "4-bit: the dtype the packed weights are stored in (default uint8)."})
     num_labels: int | None = field(default=None, metadata={
         "help": "Labels of the seq_cls/token_cls head (1 for a reward model, 2 for a process reward model)."})
 
@@ -32,3 +43,16 @@ class ModelArguments:
             raise SwiftError(f"--torch_dtype {self.torch_dtype!r} is not one of {', '.join(DTYPES)}")
         if self.task_type not in TASK_TYPES:
             raise SwiftError(f"--task_type {self.task_type!r} is not one of {', '.join(TASK_TYPES)}")
+        if self.quant_method not in (None, "bnb"):
+            raise SwiftError(f"--quant_method {self.quant_method} is an ms-swift method this version does not support "
+                             "(it loads bnb: bitsandbytes 4/8-bit)")
+        if self.quant_method == "bnb" and self.quant_bits is None:
+            raise SwiftError("--quant_method bnb needs --quant_bits 4 or 8")
+        if self.quant_bits not in (None, 4, 8):
+            raise SwiftError(f"--quant_bits must be 4 or 8 (bitsandbytes), got {self.quant_bits}")
+        if self.bnb_4bit_quant_type not in ("nf4", "fp4"):
+            raise SwiftError(f"--bnb_4bit_quant_type {self.bnb_4bit_quant_type!r} is not one of nf4, fp4")
+        for flag in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+            value = getattr(self, flag)
+            if value is not None and value not in ("float32", "bfloat16", "float16", "uint8"):
+                raise SwiftError(f"--{flag} {value!r} is not one of float32, bfloat16, float16, uint8")

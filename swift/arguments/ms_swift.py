@@ -7,7 +7,8 @@ from __future__ import annotations
 _ENGINE = "this version's engines are transformers and vllm (--infer_backend)"
 _MULTIMODAL = "multimodal models are not supported (text-only causal LMs)"
 _NO_TUNER = "this tuner is not implemented (--tuner_type lora|full)"
-_QUANT = "quantized loading (bitsandbytes/GPTQ/AWQ/HQQ, QLoRA) is not implemented yet"
+_QUANT = ("only bitsandbytes loading is implemented (--quant_bits 4 or 8, QLoRA); exporting quantized models (GPTQ/AWQ) "
+          "and HQQ are not")
 _VLLM_PARALLEL = "each vLLM engine runs on one device here; parallel layouts are not wired up"
 
 REASONS: dict[str, tuple[str, ...]] = {
@@ -43,9 +44,7 @@ REASONS: dict[str, tuple[str, ...]] = {
     # -- generation ----------------------------------------------------------------------------------
     "beam search is not implemented (sampling and greedy are)": ("num_beams",),
     "guided (structured) decoding is not implemented": ("structured_outputs_regex",),
-    _QUANT: ("quant_method", "quant_bits", "hqq_axis", "bnb_4bit_compute_dtype", "bnb_4bit_quant_type",
-             "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage", "vllm_quantization", "quant_n_samples",
-             "quant_batch_size", "group_size"),
+    _QUANT: ("hqq_axis", "vllm_quantization", "quant_n_samples", "quant_batch_size", "group_size"),
     "Ray-based placement is not implemented; ranks are launched with NPROC_PER_NODE/NNODES":
         ("use_ray", "ray_exp_name", "device_groups"),
     # -- training ------------------------------------------------------------------------------------

@@ -254,6 +254,9 @@ class RLHFArguments(SftArguments):
         if self.lazy_tokenize and self.precompute_ref_log_probs:
             raise SwiftError("--precompute_ref_log_probs stores log-probs in encoded rows, which --lazy_tokenize does "
                              "not keep; use one of them")
+        if self.quant_bits and (self.use_vllm or self.rlhf_args.server_mode):
+            raise SwiftError("--quant_bits: the weights sent to vLLM or a rollout server would be quantized ones; "
+                             "generate with the built-in colocated engine")
         if self.use_dora and (self.use_vllm or self.rlhf_args.server_mode):
             raise SwiftError("--use_dora: the weights sent to vLLM or a rollout server are merged as plain LoRA, "
                              "which DoRA is not; generate with the built-in colocated engine")

@@ -8,6 +8,7 @@ import torch
 from transformers import Seq2SeqTrainingArguments
 
 from swift.arguments.base import ComposedArguments
+from swift.arguments.deepspeed import zero3
 from swift.arguments.data import DataArguments
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import TemplateArguments
@@ -49,6 +50,13 @@ class TrainingArguments(Seq2SeqTrainingArguments):
             self.use_cpu = not torch.cuda.is_available()
         if self.fsdp:
             self._fsdp()
+        if self.use_liger_kernel:
+            import importlib.util
+
+            if self.use_cpu:
+                raise SwiftError("--use_liger_kernel: Liger's kernels are Triton GPU kernels; leave it off on CPU")
+            if importlib.util.find_spec("liger_kernel") is None:
+                raise SwiftError('--use_liger_kernel needs the liger-kernel package: pip install -e ".[liger]"')
         if self.learning_rate is None:
             self.learning_rate = 1e-4
         if self.eval_strategy is None:
@@ -144,6 +152,10 @@ class SftArguments(ComposedArguments):
                                                                       "flash_attention_3"):
             raise SwiftError(f"--{'packing' if self.packing else 'padding_free'} builds a block-diagonal attention mask, which FlashAttention does not take "
                              "(padding-free FlashAttention packing is not implemented yet); use --attn_impl sdpa")
+        if self.quant_bits and (self.tuner_type != "lora" and not self.adapters):
+            raise SwiftError("--quant_bits trains LoRA adapters on the quantized model (QLoRA); use --tuner_type lora")
+        if self.quant_bits and zero3(self.training_args):
+            raise SwiftError("--quant_bits with ZeRO-3 is not supported (its weights cannot be partitioned); use zero2")
         if self.task_type == "seq_cls" and (self.packing or self.padding_free):
             raise SwiftError("--packing is for causal_lm; seq_cls samples are scored one per row")
 

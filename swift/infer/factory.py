@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 import torch
 from peft import PeftModel
@@ -12,7 +11,7 @@ from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
 from swift.infer.protocol import InferEngine
 from swift.model import load_model, load_tokenizer, resolve_model_dir
-from swift.model.loader import check_model_files
+from swift.model.loader import bnb_config, builtin_dir, check_model_files
 from swift.pipelines.merge_lora import base_model_of
 from swift.template import choose_template, get_template
 from swift.utils.registry import SwiftError
@@ -33,7 +32,8 @@ def load_for_serving(args, task_type: str = "causal_lm"):
     model, tokenizer, info = load_model(model_id, use_hf=args.use_hf, revision=args.model_revision,
                                         torch_dtype=args.torch_dtype, attn_impl=args.attn_impl, task_type=task_type,
                                         num_labels=args.num_labels,
-                                        check_model=getattr(args, "check_model", False))
+                                        check_model=getattr(args, "check_model", False),
+                                        quantization=bnb_config(args))
     if torch.cuda.is_available():
         model.to("cuda")
     for i, (name, path) in enumerate(adapters.items()):
@@ -64,12 +64,11 @@ def build_vllm_engine(args, **engine_kwargs) -> tuple[InferEngine, dict[str, str
     if getattr(args, "check_model", False) and not builtin:
         check_model_files(model_dir)
     tokenizer = load_tokenizer(model_dir)
+    if getattr(args, "quant_bits", None):
+        raise SwiftError("--quant_bits loads bitsandbytes layers for --infer_backend transformers; vLLM serves "
+                         "quantized checkpoints of its own")
     if builtin:  # vLLM reads weights from disk: write the seeded built-in model out once
-        model_dir = os.path.join(tempfile.gettempdir(), "swift-" + model_id.replace(":", "-"))
-        if not os.path.isfile(os.path.join(model_dir, "config.json")):
-            model, _, _ = load_model(model_id, torch_dtype="float32")
-            model.save_pretrained(model_dir)
-            tokenizer.save_pretrained(model_dir)
+        model_dir = builtin_dir(model_id)
     model_type = AutoConfig.from_pretrained(model_dir).model_type
     name = choose_template(args.template, getattr(args, "model_type", None), model_type, tokenizer)
     template = get_template(name, tokenizer, system=args.system, max_length=args.max_length)

@@ -84,6 +84,39 @@ def attention(name: str) -> str:
     return impl
 
 
+def builtin_dir(model: str) -> str:
+    """A built-in model written out as an ordinary directory (once per machine), for loaders that
+    read from disk (vLLM, quantized loading)."""
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), "swift-" + model.replace(":", "-"))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        hf_model, tokenizer, _ = load_model(model, torch_dtype="float32")
+        hf_model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return path
+
+
+def bnb_config(args):
+    """The bitsandbytes config of `--quant_bits 4|8` (and the `--bnb_4bit_*` flags), or None."""
+    bits = getattr(args, "quant_bits", None)
+    if not bits:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise SwiftError('--quant_bits needs the bitsandbytes package: pip install -e ".[qlora]"')
+    from transformers import BitsAndBytesConfig
+
+    if bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    storage = args.bnb_4bit_quant_storage
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+                              bnb_4bit_compute_dtype=resolve_dtype(args.bnb_4bit_compute_dtype or args.torch_dtype),
+                              bnb_4bit_use_double_quant=args.bnb_4bit_use_double_quant,
+                              bnb_4bit_quant_storage=getattr(torch, storage) if storage else torch.uint8)
+
+
 def check_model_files(model_dir: str) -> None:
     """`--check_model`: every safetensors file of the directory has a readable header and is as long
     as its header says (a cut download fails here, in one line, rather than deep inside loading)."""
@@ -132,7 +165,10 @@ def load_model(
     num_labels: int | None = None,
     device: str | torch.device | None = None,
     check_model: bool = False,
+    quantization=None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelInfo]:
+    """`quantization`: a transformers quantization config (`bnb_config`), for models loaded from disk;
+    the built-in model is written to a directory first."""
     model_dir, builtin = resolve_model_dir(model, use_hf=use_hf, revision=revision)
     if check_model and not builtin:
         check_model_files(model_dir)
@@ -144,6 +180,10 @@ def load_model(
         config.num_labels = num_labels or (1 if task_type == "seq_cls" else 2)
         config.pad_token_id = tokenizer.pad_token_id
     kwargs = {"attn_implementation": attention(attn_impl)} if attn_impl else {}
+    if quantization is not None:
+        kwargs["quantization_config"] = quantization
+        if builtin:
+            model_dir, builtin = builtin_dir(model), False
     if builtin:
         with torch.random.fork_rng(devices=[]), whole_weights():
             torch.manual_seed(BUILTIN_SEED)
@@ -155,5 +195,6 @@ def load_model(
         hf_model = auto_cls.from_pretrained(model_dir, config=config, dtype=dtype, **kwargs)
     if device is not None:
         hf_model.to(device)
-    info = ModelInfo(model_id=model, model_dir=model_dir, model_type=config.model_type, builtin=builtin)
+    info = ModelInfo(model_id=model, model_dir=model_dir, model_type=config.model_type,
+                     builtin=model.startswith(BUILTIN_PREFIX))
     return hf_model, tokenizer, info

@@ -19,7 +19,7 @@ from swift.dataset.encode import (Collator, LazyDataset, ListDataset, PaddingFre
 from swift.dataset.loader import RowSet, load_rows, split_rows
 from swift.dataset.self_cognition import fill_identity
 from swift.model import load_model
-from swift.model.loader import resolve_dtype
+from swift.model.loader import bnb_config, resolve_dtype
 from swift.pipelines.base import resolve_args
 from swift.template import choose_template, get_template
 from swift.trainers.callbacks import ArgsInCheckpointCallback, JsonlLogCallback
@@ -51,7 +51,8 @@ class TrainPipeline:
         a.training_args.enable_deepspeed()
         model, tokenizer, info = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
                                             torch_dtype=a.torch_dtype, attn_impl=a.attn_impl, task_type=a.task_type,
-                                            num_labels=a.num_labels, check_model=a.check_model)
+                                            num_labels=a.num_labels, check_model=a.check_model,
+                                            quantization=bnb_config(a))
         if a.training_args.gradient_checkpointing and not model.supports_gradient_checkpointing:
             logger.info(f"gradient checkpointing is off: {type(model).__name__} does not support it")
             a.training_args.gradient_checkpointing = False

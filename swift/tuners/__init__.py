@@ -4,7 +4,7 @@ from __future__ import annotations
 import warnings
 
 import torch
-from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model, prepare_model_for_kbit_training
 from transformers import PreTrainedModel
 
 from swift.utils.logging import get_logger
@@ -17,6 +17,8 @@ warnings.filterwarnings("ignore", message="Could not find a config file in built
 
 def prepare_model(model: PreTrainedModel, args, *, task_type: str = "causal_lm") -> PreTrainedModel:
     """Wrap or freeze `model` according to the tuner arguments (`tuner_type`, `lora_*`, `freeze_*`)."""
+    if getattr(model, "is_quantized", False):  # QLoRA: norms and embeddings in fp32, inputs carrying grads
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if args.adapters:
         model = PeftModel.from_pretrained(model, args.adapters[0], is_trainable=True)
         for extra in args.adapters[1:]:

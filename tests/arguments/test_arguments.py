@@ -171,3 +171,16 @@ def test_gradient_checkpointing_is_on_by_default_as_in_ms_swift():
     off = parse_args(SftArguments, ["--model", "builtin:tiny-chat", "--dataset", "x", "--gradient_checkpointing",
                                     "false"])
     assert off.gradient_checkpointing is False
+
+
+def test_quantization_and_liger_flags_stop_in_one_line_where_they_cannot_work():
+    base = ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft"]
+    with pytest.raises(SwiftError, match="^--use_liger_kernel: Liger's kernels are Triton GPU kernels"):
+        parse_args(SftArguments, [*base, "--use_liger_kernel", "true", "--use_cpu", "true"])
+    with pytest.raises(SwiftError, match="^--quant_method hqq is an ms-swift method this version does not support"):
+        parse_args(SftArguments, [*base, "--quant_method", "hqq", "--quant_bits", "4"])
+    with pytest.raises(SwiftError, match="^--quant_bits trains LoRA adapters"):
+        parse_args(SftArguments, [*base, "--quant_bits", "4", "--tuner_type", "full"])
+    with pytest.raises(SwiftError, match="^--quant_bits must be 4 or 8"):
+        parse_args(SftArguments, [*base, "--quant_bits", "3"])
+    assert parse_args(SftArguments, [*base, "--quant_bits", "4", "--quant_method", "bnb"]).quant_bits == 4

@@ -4,6 +4,7 @@ import json
 import math
 import os
 
+import pytest
 import torch
 
 from swift.model import load_model
@@ -128,3 +129,42 @@ def test_gkd_seq_kd_trains_on_the_teachers_greedy_answers(tmp_path):
         assert answer == greedy.tolist()[:len(answer)] and len(answer) > 0
     dataset_answers = {tuple(s["sequences"][0][1]) for s in trainer.train_dataset}
     assert not any(tuple(lab.tolist()) in dataset_answers for lab in batch["labels"])
+
+
+def test_qlora_trains_adapters_on_a_4bit_model(tmp_path):
+    """`--quant_bits 4` (bitsandbytes, which runs on CPU too): the linear layers load as 4-bit NF4
+    layers, LoRA trains on them and the loss falls; the base stays quantized and frozen; DPO on the
+    same model runs with the adapter-off reference."""
+    pytest.importorskip("bitsandbytes")
+    import bitsandbytes as bnb
+
+    from swift.pipelines.rlhf import rlhf_main
+    from swift.pipelines.train import TrainPipeline
+    from swift.arguments import SftArguments
+
+    pipeline = TrainPipeline(resolve_args(SftArguments, train_argv(
+        tmp_path / "sft", "--quant_bits", "4", "--max_steps", "12", "--learning_rate", "1e-2",
+        "--per_device_train_batch_size", "8"), "swift sft"))
+    pipeline.run()
+    logs = logs_of(tmp_path / "sft")
+    assert sum(r["loss"] for r in logs[-3:]) / 3 < logs[0]["loss"] - 0.5
+    model = pipeline.trainer.accelerator.unwrap_model(pipeline.trainer.model)
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert layers and all(not p.requires_grad for m in layers for p in m.parameters(recurse=False))
+    assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    assert os.path.isfile(tmp_path / "sft" / "adapter_model.safetensors")
+    rlhf_main(train_argv(tmp_path / "dpo", "--rlhf_type", "dpo", "--dataset", "builtin:arith-dpo#8", "--quant_bits",
+                         "4", "--max_steps", "2"))
+    first = logs_of(tmp_path / "dpo")[0]
+    assert first["rewards/chosen"] == pytest.approx(0.0, abs=1e-6)  # the reference: the same 4-bit base, adapter off
+
+
+@pytest.mark.gpu
+def test_liger_kernel_trains_on_a_gpu(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("liger_kernel")
+    from swift.pipelines.train import sft_main
+
+    sft_main(train_argv(tmp_path, "--use_liger_kernel", "true", "--max_steps", "2"))
+    assert all(math.isfinite(r["loss"]) for r in logs_of(tmp_path))
