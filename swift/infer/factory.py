@@ -1,8 +1,6 @@
 """Build an engine (or a reward scorer) from model / template / engine arguments."""
 from __future__ import annotations
 
-import os
-
 import torch
 from peft import PeftModel
 from transformers import AutoConfig
