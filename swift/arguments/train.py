@@ -91,13 +91,10 @@ class TrainingArguments(Seq2SeqTrainingArguments):
 
     def _fsdp(self) -> None:
         """ms-swift's `--fsdp fsdp2` preset (FSDP2, full sharding of each decoder layer), or HF's own
-        values. Accelerate applies FSDP on GPUs only: on CPU the run would silently be plain DDP."""
+        values; on CPU ranks too (`swift.trainers.fsdp.fsdp_on_cpu`)."""
         value = self.fsdp if isinstance(self.fsdp, str) else " ".join(map(str, self.fsdp))
         if self.deepspeed_config:
             raise SwiftError("--fsdp and --deepspeed both shard the model; give one of them")
-        if self.use_cpu:
-            raise SwiftError(f"--fsdp {value}: Accelerate runs FSDP on GPUs only (on CPU it would silently train as "
-                             "plain DDP); shard on CPU with --deepspeed zero3")
         if value == "fsdp2":
             self.fsdp = ["full_shard", "auto_wrap"]
             self.fsdp_config = {"version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",

@@ -252,7 +252,7 @@ class RLHFPipeline(TrainPipeline):
             from swift.trainers.zero3 import whole_copy
 
             adapter = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
-            if zero3(a.training_args):  # the policy is partitioned: generate with a whole copy, synced bucket-wise
+            if zero3(a.training_args) or a.training_args.fsdp:  # partitioned: generate with a whole copy, synced bucket-wise
                 model, adapter = whole_copy(model).to(a.training_args.device), None
             return TransformersEngine(model, template.tokenizer, template, default_adapter=adapter,
                                       max_batch_size=max(a.per_device_train_batch_size, 8))

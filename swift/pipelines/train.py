@@ -23,6 +23,7 @@ from swift.model.loader import bnb_config, resolve_dtype
 from swift.pipelines.base import resolve_args
 from swift.template import choose_template, get_template
 from swift.trainers.callbacks import ArgsInCheckpointCallback, JsonlLogCallback
+from swift.trainers.fsdp import fsdp_on_cpu, save_whole_model, whole
 from swift.trainers.trainer import SwiftTrainer
 from swift.tuners import prepare_model
 from swift.utils.io import write_json
@@ -142,11 +143,12 @@ class TrainPipeline:
             config = getattr(a, "config_file", None)
             if config and os.path.basename(config) != "args.json":  # args.json above already holds it all
                 shutil.copy(config, os.path.join(out, os.path.basename(config)))
-        trainer = self.trainer_cls(
-            model=model, args=a.training_args, train_dataset=train, eval_dataset=val,
-            data_collator=self.collator(tokenizer, model), processing_class=tokenizer,
-            callbacks=[JsonlLogCallback(out), ArgsInCheckpointCallback(args_path)], **extra,
-        )
+        with fsdp_on_cpu(a.training_args):
+            trainer = self.trainer_cls(
+                model=model, args=a.training_args, train_dataset=train, eval_dataset=val,
+                data_collator=self.collator(tokenizer, model), processing_class=tokenizer,
+                callbacks=[JsonlLogCallback(out), ArgsInCheckpointCallback(args_path)], **extra,
+            )
         self.trainer = trainer
         trainer.template = template
         trainer.generation_rows = val_rows
@@ -169,6 +171,7 @@ class TrainPipeline:
         else:
             metrics.update(_last_eval(trainer))
         trainer.save_model(out)
+        save_whole_model(trainer, out)
         if hasattr(trainer, "close"):
             trainer.close()  # e.g. an inference engine's processes
         if a.training_args.deepspeed:  # a later model loaded in this process must not be partitioned
@@ -274,7 +277,7 @@ def _rank_checksums(model: torch.nn.Module) -> list[str]:
     for name, p in sorted(model.named_parameters()):
         if p.requires_grad:
             digest.update(name.encode())
-            digest.update(p.detach().float().cpu().numpy().tobytes())
+            digest.update(whole(p).detach().float().cpu().numpy().tobytes())
     mine = digest.hexdigest()[:16]
     if not dist.is_initialized():
         return [mine]

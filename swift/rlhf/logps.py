@@ -42,12 +42,12 @@ def plain_head(model) -> torch.nn.Linear | None:
     """The output layer when the model's logits are exactly `lm_head(hidden)`, else None. Also None
     for a model wrapped for distributed training whose output layer trains and is not tied to the
     input embeddings: DDP would see that weight unused by the forward and then used after it; and
-    under ZeRO-3."""
+    under ZeRO-3 or FSDP."""
     inner = _causal_lm(model)
     head = getattr(inner, "lm_head", None)
     if getattr(inner.config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES or type(head) is not torch.nn.Linear:
         return None
-    if hasattr(head.weight, "ds_id"):  # ZeRO-3 partitions it; only the module's own forward gathers it
+    if hasattr(head.weight, "ds_id") or hasattr(head.weight, "full_tensor"):  # ZeRO-3/FSDP split it; only forward gathers it
         return None
     if hasattr(model, "module") and head.weight.requires_grad and head.weight is not inner.get_input_embeddings().weight:
         return None

@@ -25,7 +25,7 @@ from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
 from swift.trainers.completion_logps import token_logps
 from swift.trainers.rlhf import RLHFTrainer
-from swift.trainers.zero3 import gathered_buckets, zero3_enabled
+from swift.trainers.zero3 import gathered_buckets, sharded
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -187,7 +187,7 @@ class GRPOTrainer(RLHFTrainer):
         if self._synced_step == self.state.global_step:
             return
         model = self.accelerator.unwrap_model(self.model)
-        if zero3_enabled(self):  # every rank gathers each bucket; the engine loads it (rank 0 for a server)
+        if sharded(self):  # every rank gathers each bucket; the engine loads it (rank 0 for a server)
             buckets = gathered_buckets(model, self.rlhf_args.weight_sync_bucket_mb)
             if self._remote and not self.accelerator.is_main_process:
                 for _ in buckets:

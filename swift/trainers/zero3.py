@@ -1,8 +1,9 @@
-"""DeepSpeed ZeRO-3 in the trainers: frozen helper models partitioned like the policy, and the
-policy's weights gathered a bucket at a time for an inference engine (never the whole model at
+"""DeepSpeed ZeRO-3 and FSDP in the trainers: frozen helper models partitioned like the policy, and
+the policy's weights gathered a bucket at a time for an inference engine (never the whole model at
 once on top of its partitions)."""
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 
@@ -19,6 +20,11 @@ _WRAPPED = (".base_layer.", ".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora
 def zero3_enabled(trainer) -> bool:
     """Whether `trainer` (an HF Trainer) runs DeepSpeed ZeRO-3."""
     return bool(trainer.is_deepspeed_enabled and zero3(trainer.args))
+
+
+def sharded(trainer) -> bool:
+    """Whether the policy's weights are split across ranks (ZeRO-3 or FSDP)."""
+    return zero3_enabled(trainer) or bool(getattr(trainer, "is_fsdp_enabled", False))
 
 
 def frozen_zero3(model, trainer):
@@ -66,8 +72,8 @@ def _owner(name: str) -> str:
 
 def gathered_buckets(model, bucket_mb: float) -> Iterator[Named]:
     """The policy's weights under Hugging Face names (LoRA merged, a tied output layer included),
-    `bucket_mb` MiB of parameters gathered at a time. Collective: every rank must run it through."""
-    import deepspeed
+    `bucket_mb` MiB of parameters gathered at a time (ZeRO-3 partitions or FSDP2 shards). Collective:
+    every rank must run it through."""
     from peft.tuners.lora import LoraLayer
 
     from swift.infer.vllm_engine import hf_name, merged_weight
@@ -84,15 +90,49 @@ def gathered_buckets(model, bucket_mb: float) -> Iterator[Named]:
         size += sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for _, p in params)
         if size < limit and i + 1 < len(units):
             continue
-        unique = list({id(p): p for _, ps in bucket for _, p in ps}.values())
-        with deepspeed.zero.GatheredParameters(unique, modifier_rank=None), torch.no_grad():
+        with _gathered(model, bucket), torch.no_grad():
             out = []
             for owner_name, ps in bucket:
-                for name, p in ps:
+                for name, _ in ps:
                     if "lora_" in name or "original_module" in name:
                         continue
+                    p = model.get_parameter(name)  # FSDP2 registers the gathered parameter in the shard's place
                     tensor = merged_weight(lora.get(owner_name), name, p.data)
                     out.append((hf_name(name) if peft else name,
                                 tensor.detach().to("cpu", copy=True).contiguous()))
         yield out
         size, bucket = 0.0, []
+
+
+def _gathered(model, bucket):
+    """Within it, the bucket's parameters (and the LoRA weights of its layers) are whole on every rank."""
+    params = [p for _, ps in bucket for _, p in ps]
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list({id(p): p for p in params}.values()), modifier_rank=None)
+    if any(hasattr(p, "full_tensor") for p in params):
+        return _fsdp_unsharded(model, [name for _, ps in bucket for name, _ in ps])
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_unsharded(model, names: list[str]):
+    """FSDP2: unshard each unit (a `fully_shard`ed module, e.g. a decoder layer) owning these parameters."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units: list = []
+    for name in names:
+        path = name.split(".")[:-1]
+        while not isinstance(model.get_submodule(".".join(path)), FSDPModule):
+            path.pop()  # the root is a unit too
+        unit = model.get_submodule(".".join(path))
+        if all(unit is not u for u in units):
+            units.append(unit)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()

@@ -151,8 +151,8 @@ def test_deepspeed_presets_files_and_refusals(tmp_path, monkeypatch):
         parse_args(SftArguments, [*base, "--deepspeed", "zero4"])
     with pytest.raises(SwiftError, match="^--fsdp and --deepspeed both shard"):
         parse_args(SftArguments, [*base, "--deepspeed", "zero2", "--fsdp", "fsdp2"])
-    with pytest.raises(SwiftError, match="^--fsdp fsdp2: Accelerate runs FSDP on GPUs only"):
-        parse_args(SftArguments, [*base, "--fsdp", "fsdp2", "--use_cpu", "true"])
+    fsdp = parse_args(SftArguments, [*base, "--fsdp", "fsdp2", "--use_cpu", "true"]).training_args  # CPU too
+    assert fsdp.fsdp_config["version"] == 2 and fsdp.fsdp_config["reshard_after_forward"] is True
     from swift.arguments.rlhf import RLHFArguments
 
     with pytest.raises(SwiftError, match=r"^--rlhf_type gkd samples answers \(--lmbda > 0 or --seq_kd\)"):

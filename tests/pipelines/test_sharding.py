@@ -1,8 +1,8 @@
-"""`--deepspeed` (ms-swift's preset names or a JSON file) on 2 CPU ranks (gloo): a ZeRO-2/ZeRO-3 run
-computes what DDP computes with the same global batch — logged losses (4 significant digits) and
-final weights (atol 1e-5) after two plain-SGD steps — for `swift pt`, `sft`, `rlhf --rlhf_type dpo`
-and `grpo` (whose engine gets the ZeRO-3 weights gathered bucket by bucket); a resumed ZeRO-3 run
-ends where the uninterrupted one does."""
+"""`--deepspeed` (ms-swift's preset names or a JSON file) and `--fsdp fsdp2` on 2 CPU ranks (gloo): a
+ZeRO-1/2/3 or FSDP2 run computes what DDP computes with the same global batch — logged losses (4
+significant digits) and final weights (atol 1e-5) after two plain-SGD steps — for `swift pt`, `sft`,
+`rlhf --rlhf_type dpo` and `grpo` (whose engine gets the sharded weights gathered bucket by bucket); a
+resumed ZeRO-3 or FSDP2 run ends where the uninterrupted one does."""
 import json
 import os
 import subprocess
@@ -14,13 +14,18 @@ from safetensors.torch import load_file
 
 from tests.conftest import TEXT_LENGTH, train_argv
 
-pytest.importorskip("deepspeed")
+try:
+    import deepspeed  # noqa: F401
+except ImportError:
+    deepspeed = None
+needs_deepspeed = pytest.mark.skipif(deepspeed is None, reason="the deepspeed extra is not installed")
 
 GRPO = ["--rlhf_type", "grpo", "--dataset", "builtin:arith-sft#16", *TEXT_LENGTH, "--num_generations", "2",
         "--temperature", "1", "--max_completion_length", "6", "--weight_sync_bucket_mb", "0.5"]
 CASES = {
     "pt": ("pt", ["--tuner_type", "full"]),
     "sft": ("sft", ["--tuner_type", "full"]),
+    "sft_lora": ("sft", ["--tuner_type", "lora"]),
     "dpo": ("rlhf", ["--tuner_type", "full", "--rlhf_type", "dpo", "--dataset", "builtin:arith-dpo#32"]),
     "grpo_full": ("rlhf", ["--tuner_type", "full", *GRPO]),
     "grpo_lora": ("rlhf", ["--tuner_type", "lora", *GRPO]),
@@ -56,13 +61,23 @@ def ddp(tmp_path_factory):
     return get
 
 
+def shard_flags(preset: str) -> list[str]:
+    if preset == "fsdp2":
+        return ["--fsdp", "fsdp2"]
+    if deepspeed is None:
+        pytest.skip("the deepspeed extra is not installed")
+    return ["--deepspeed", preset]
+
+
 @pytest.mark.parametrize("case,preset", [("pt", "zero3"), ("sft", "zero2"), ("sft", "zero3"), ("sft", "zero1+ga"),
-                                         ("dpo", "zero3"), ("grpo_full", "zero3"), ("grpo_lora", "zero3")])
-def test_deepspeed_equals_ddp(tmp_path, ddp, case, preset):
+                                         ("dpo", "zero3"), ("grpo_full", "zero3"), ("grpo_lora", "zero3"),
+                                         ("pt", "fsdp2"), ("sft", "fsdp2+ga"), ("sft_lora", "fsdp2"), ("dpo", "fsdp2"),
+                                         ("grpo_full", "fsdp2"), ("grpo_lora", "fsdp2")])
+def test_sharded_run_equals_ddp(tmp_path, ddp, case, preset):
     command, extra = CASES[case]
     if preset.endswith("+ga"):  # half the micro-batch, two accumulation steps: the same global batch
         preset, extra = preset[:-3], [*extra, "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2"]
-    logs, weights = run(tmp_path, command, *extra, "--deepspeed", preset)
+    logs, weights = run(tmp_path, command, *extra, *shard_flags(preset))
     ref_logs, ref_weights = ddp(case)
     assert len(logs) == len(ref_logs) == 2
     for a, b in zip(ref_logs, logs):
@@ -78,14 +93,19 @@ def test_deepspeed_equals_ddp(tmp_path, ddp, case, preset):
         assert logs[0]["reward_std"] > 0 and logs[1]["loss"] != 0  # sampled, scored and trained on
 
 
-def test_resumed_zero3_run_ends_where_the_uninterrupted_one_does(tmp_path):
-    """AdamW (its moments live in DeepSpeed's partitioned optimizer state) and a JSON config file."""
-    config = tmp_path / "ds.json"
-    from swift.arguments.deepspeed import PRESETS
+@pytest.mark.parametrize("preset", ["zero3", "fsdp2"])
+def test_resumed_sharded_run_ends_where_the_uninterrupted_one_does(tmp_path, preset):
+    """AdamW (its moments live in the sharded optimizer state); ZeRO-3 from a JSON config file."""
+    if preset == "zero3":
+        from swift.arguments.deepspeed import PRESETS
 
-    config.write_text(json.dumps(PRESETS["zero3"]))
+        config = tmp_path / "ds.json"
+        config.write_text(json.dumps(PRESETS["zero3"]))
+        flags = shard_flags(str(config))
+    else:
+        flags = shard_flags(preset)
     extra = ["--tuner_type", "full", "--optim", "adamw_torch", "--learning_rate", "1e-3", "--save_strategy", "steps",
-             "--save_steps", "1", "--deepspeed", str(config)]
+             "--save_steps", "1", *flags]
     _, whole = run(tmp_path / "whole", "sft", *extra, steps=3)
     first = tmp_path / "first"
     run(first, "sft", *extra, steps=1)  # the same run (constant learning rate), stopped after its first step
