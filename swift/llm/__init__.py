@@ -18,6 +18,8 @@ _LAZY = {
     "deploy_main": "swift.pipelines.deploy",
     "rollout_main": "swift.pipelines.rollout",
     "merge_lora_main": "swift.pipelines.merge_lora",
+    "eval_main": "swift.pipelines.eval",
+    "sample_main": "swift.pipelines.sample",
     # their arguments (ms-swift's TrainArguments is the sft/pt one)
     "TrainArguments": "swift.arguments",
     "SftArguments": "swift.arguments",
@@ -27,6 +29,9 @@ _LAZY = {
     "DeployArguments": "swift.pipelines.deploy",
     "RolloutArguments": "swift.pipelines.rollout",
     "MergeLoraArguments": "swift.pipelines.merge_lora",
+    "EvalArguments": "swift.pipelines.eval",
+    "SamplingArguments": "swift.pipelines.sample",
+    "SampleArguments": "swift.pipelines.sample",
     # inference
     "InferRequest": "swift.infer.protocol",
     "RequestConfig": "swift.infer.protocol",

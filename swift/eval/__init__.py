@@ -1,0 +1,1 @@
+"""Benchmark evaluation for `swift eval` (and the sampler of `swift sample`)."""

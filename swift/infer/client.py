@@ -1,0 +1,103 @@
+"""ClientEngine: any OpenAI-compatible server (`swift deploy`, vLLM's server, a hosted API) as an
+engine, for `swift eval --eval_url` and `swift sample --sampler_engine client`. Conversations go to
+`/chat/completions`, raw prompts to `/completions`; at most `concurrency` requests are in flight."""
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from urllib.parse import urlparse
+
+from swift.infer.protocol import Choice, InferEngine, InferRequest, InferResponse, RequestConfig
+from swift.utils.registry import SwiftError
+
+
+def api_base(url: str) -> str:
+    """`http://host:port`, `.../v1` or `.../v1/chat/completions` → the `.../v1` base."""
+    url = url.rstrip("/")
+    for suffix in ("/chat/completions", "/completions"):
+        if url.endswith(suffix):
+            url = url[:-len(suffix)]
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise SwiftError(f"{url!r} is not an http(s) URL")
+    return url if parsed.path not in ("", "/") else url + "/v1"
+
+
+class ClientEngine(InferEngine):
+    def __init__(self, url: str, *, api_key: str | None = None, model: str | None = None, concurrency: int = 16,
+                 timeout: float = 600.0, flag: str = "--eval_url"):
+        self.base, self.api_key, self.timeout, self.flag = api_base(url), api_key, timeout, flag
+        self.tokenizer = self.template = None
+        self.max_model_len = 1 << 30  # the server checks lengths
+        self._limit = max(int(concurrency), 1)
+        self._semaphore: asyncio.Semaphore | None = None
+        self._loop = None
+        try:
+            served = [m["id"] for m in self._call("GET", "/models")["data"]]
+        except SwiftError:
+            raise
+        except Exception as e:
+            raise SwiftError(f"{self.flag} {url}: not an OpenAI-compatible server ({type(e).__name__}: {e})") from None
+        if model and model not in served:
+            raise SwiftError(f"{self.flag} {url} serves {', '.join(served)}, not {model!r} (--model)")
+        self.model = model or served[0]
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300]
+            try:
+                detail = json.loads(detail)["error"]["message"]
+            except Exception:
+                pass
+            raise SwiftError(f"{self.flag} {self.base}{path}: HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise SwiftError(f"{self.flag} {self.base}: cannot reach the server ({reason})") from None
+
+    def encode(self, request: InferRequest) -> list[int]:
+        raise SwiftError(f"{self.flag}: the server tokenizes; there is no local tokenizer")
+
+    def _body(self, request: InferRequest, config: RequestConfig) -> tuple[str, dict]:
+        body = {"model": self.model, "max_tokens": config.max_tokens, "temperature": config.temperature,
+                "top_p": config.top_p, "n": config.n}
+        if config.seed is not None:
+            body["seed"] = config.seed
+        if config.stop:
+            body["stop"] = config.stop
+        if config.top_k:
+            body["top_k"] = config.top_k
+        if config.repetition_penalty != 1.0:
+            body["repetition_penalty"] = config.repetition_penalty
+        if request.messages is not None:
+            if request.tools:
+                body["tools"] = request.tools
+            return "/chat/completions", {**body, "messages": request.messages}
+        return "/completions", {**body, "prompt": request.prompt if request.prompt is not None else request.input_ids}
+
+    async def infer_async(self, request: InferRequest, config: RequestConfig) -> InferResponse:
+        loop = asyncio.get_running_loop()
+        if self._semaphore is None or self._loop is not loop:
+            self._semaphore, self._loop = asyncio.Semaphore(self._limit), loop
+        path, body = self._body(request, config)
+        async with self._semaphore:
+            out = await asyncio.to_thread(self._call, "POST", path, body)
+        choices = []
+        for c in out.get("choices", []):
+            text = c["message"].get("content") or "" if "message" in c else c.get("text", "")
+            choices.append(Choice(index=c.get("index", len(choices)), text=text, token_ids=c.get("token_ids") or [],
+                                  finish_reason=c.get("finish_reason") or "stop"))
+        usage = out.get("usage") or {}
+        return InferResponse(choices=choices, prompt_tokens=usage.get("prompt_tokens", 0),
+                             completion_tokens=usage.get("completion_tokens", 0))
+
+    def stream_async(self, request: InferRequest, config: RequestConfig):
+        raise SwiftError(f"{self.flag}: streaming is not used by this client")

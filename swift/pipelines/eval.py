@@ -1,0 +1,269 @@
+"""`swift eval`: answer benchmark questions with a model (transformers or vLLM engine) or any
+OpenAI-compatible endpoint (`--eval_url`), score them, and write a report."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, ClassVar
+
+from tqdm import tqdm
+
+from swift.arguments.base import ComposedArguments
+from swift.arguments.infer import EngineArguments, GenerationArguments
+from swift.arguments.model import ModelArguments
+from swift.arguments.template import TemplateArguments
+from swift.pipelines.base import resolve_args
+from swift.utils.io import write_json, write_jsonl
+from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
+GENERATION_KEYS = {"max_tokens", "max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "n", "seed",
+                   "stop", "do_sample"}
+
+
+def json_flag(value, flag: str) -> dict:
+    """A JSON-object flag (a string on the command line, a mapping from a config file)."""
+    if value in (None, ""):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise SwiftError(f"{flag}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(value, dict):
+        raise SwiftError(f"{flag}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+@dataclass
+class EvalOptions:
+    eval_dataset: list[str] = field(default_factory=list, metadata={
+        "help": "Benchmarks (gsm8k, math500, cmath, arith, general_qa, general_mcq) or local files."})
+    eval_limit: int | None = field(default=None, metadata={"help": "Questions per benchmark (the first N)."})
+    eval_num_proc: int = field(default=16, metadata={"help": "Requests in flight at once."})
+    eval_output_dir: str = field(default="eval_output", metadata={
+        "help": "Reports go to <dir>/<YYYYMMDD-HHMMSS>/ (a new directory per run)."})
+    eval_url: str | None = field(default=None, metadata={
+        "help": "Evaluate an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1) instead of loading a model."})
+    api_key: str | None = field(default=None, metadata={"help": "Bearer token for --eval_url."})
+    eval_backend: str = field(default="Native", metadata={"help": "Native (built in) or EvalScope (the evalscope extra)."})
+    eval_generation_config: str | None = field(default=None, metadata={
+        "help": "JSON: max_tokens, temperature, top_p, top_k, n (samples per question: pass@k), seed, stop."})
+    eval_dataset_args: str | None = field(default=None, metadata={
+        "help": "JSON {benchmark: {local_path, subset_list, prompt_template}}."})
+    strict: bool = field(default=False, metadata={"help": "Stop at a bad row instead of dropping it."})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.eval_dataset, str):
+            self.eval_dataset = [self.eval_dataset]
+        if not self.eval_dataset:
+            raise SwiftError("--eval_dataset is required (e.g. gsm8k, arith, or a jsonl/csv file)")
+        backend = self.eval_backend.lower()
+        if backend in ("opencompass", "vlmevalkit"):
+            raise SwiftError(f"--eval_backend {self.eval_backend} is an ms-swift backend this version does not "
+                             "support (it has Native and EvalScope)")
+        if backend == "evalscope":
+            raise SwiftError("--eval_backend EvalScope is not wired up in this version; the Native backend scores "
+                             "the same benchmarks")
+        if backend != "native":
+            raise SwiftError(f"--eval_backend {self.eval_backend!r} is not one of Native, EvalScope")
+        self.eval_backend = backend
+        if self.eval_limit is not None and self.eval_limit < 1:
+            raise SwiftError("--eval_limit must be at least 1")
+        if self.eval_num_proc < 1:
+            raise SwiftError("--eval_num_proc must be at least 1")
+        self.generation = json_flag(self.eval_generation_config, "--eval_generation_config")
+        unknown = set(self.generation) - GENERATION_KEYS
+        if unknown:
+            raise SwiftError(f"--eval_generation_config: unknown key {sorted(unknown)[0]!r} "
+                             f"(known: {', '.join(sorted(GENERATION_KEYS))})")
+        self.dataset_args = json_flag(self.eval_dataset_args, "--eval_dataset_args")
+        for name, value in self.dataset_args.items():
+            if not isinstance(value, dict):
+                raise SwiftError(f"--eval_dataset_args: the value of {name!r} must be an object")
+
+
+class EvalArguments(ComposedArguments):
+    """`swift eval`: score a model or an OpenAI-compatible endpoint on benchmarks."""
+
+    parts: ClassVar[dict[str, type]] = {
+        "model_args": ModelArguments,
+        "template_args": TemplateArguments,
+        "engine_args": EngineArguments,
+        "generation_args": GenerationArguments,
+        "eval_args": EvalOptions,
+    }
+
+
+def request_config(a: EvalArguments):
+    """--temperature/--max_new_tokens/... with --eval_generation_config's keys on top."""
+    config = a.generation_args.request_config()
+    g = dict(a.eval_args.generation)
+    if "max_new_tokens" in g:
+        g.setdefault("max_tokens", g.pop("max_new_tokens"))
+    if g.pop("do_sample", True) is False:
+        g["temperature"] = 0.0
+    if isinstance(g.get("stop"), str):
+        g["stop"] = [g["stop"]]
+    try:
+        config = replace(config, **g)
+    except (TypeError, ValueError, SwiftError) as e:
+        raise SwiftError(f"--eval_generation_config: {e}") from None
+    explicit = "max_tokens" in g or a.max_new_tokens is not None
+    return config, explicit
+
+
+def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit=None) -> list:
+    """Every request through the engine concurrently, with a progress bar; a request the engine
+    refuses gives its error text instead of a response."""
+    async def run():
+        bar = tqdm(total=len(requests), desc=desc, dynamic_ncols=True)
+
+        async def one(request):
+            try:
+                r, c = (request, config) if explicit_max_tokens or fit is None else fit(request, config)
+                return await engine.infer_async(r, c)
+            except SwiftError as e:
+                return e
+            finally:
+                bar.update()
+
+        try:
+            return await asyncio.gather(*(one(r) for r in requests))
+        finally:
+            bar.close()
+
+    return asyncio.run(run())
+
+
+def build_eval_engine(a: EvalArguments):
+    """The engine: a ClientEngine for --eval_url, else the model in --infer_backend."""
+    if a.eval_url:
+        from swift.infer.client import ClientEngine
+
+        return ClientEngine(a.eval_url, api_key=a.api_key, model=a.model, concurrency=a.eval_num_proc), None
+    from swift.infer.factory import build_engine
+
+    if not a.model and not a.adapters:
+        raise SwiftError("swift eval needs --model (and --adapters) or --eval_url")
+    engine, adapters = build_engine(a)
+    return engine, (list(adapters)[-1] if adapters else None)
+
+
+def load_benchmarks(a: EvalArguments) -> dict[str, tuple]:
+    """Every --eval_dataset's questions, read before any model loads (a bad name or row stops first)."""
+    from swift.eval.benchmarks import load_questions
+
+    loaded = {}
+    for name in a.eval_dataset:
+        loaded[name] = load_questions(name, args=a.eval_args.dataset_args.get(name), use_hf=a.use_hf,
+                                      limit=a.eval_limit, strict=a.strict)
+        if loaded[name][2]:
+            logger.warning(f"{name}: dropped {len(loaded[name][2])} rows (first: {loaded[name][2][0]})")
+    return loaded
+
+
+def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str, tuple], out_dir: str) -> dict:
+    """Each benchmark: questions → responses → scores; per-sample jsonl; metrics per benchmark."""
+    from swift.eval.benchmarks import extract, score
+    from swift.eval.metrics import summarize
+    from swift.infer.protocol import InferRequest
+    from swift.pipelines.infer import fit_to_context
+
+    config, explicit = request_config(a)
+    fit = None if a.eval_url else (lambda r, c: fit_to_context(engine, r, c, None))
+    results = {}
+    for name, (bench, questions, dropped) in benchmarks.items():
+        requests = [InferRequest(messages=q.messages, adapter=adapter) for q in questions]
+        started = time.perf_counter()
+        responses = generate(engine, requests, config, explicit, desc=f"eval {name}", fit=fit)
+        seconds = time.perf_counter() - started
+        rows, scores, errors = [], [], 0
+        for q, response in zip(questions, responses):
+            failed = isinstance(response, SwiftError)
+            texts = [""] * config.n if failed else [c.text for c in response.choices]
+            errors += failed
+            sample_scores = [score(bench.kind, t, q.gold) for t in texts]
+            scores.append(sample_scores)
+            rows.append({"id": q.id, "origin": q.origin, "prompt": q.messages, "gold": q.gold,
+                         "responses": texts, "extracted": [extract(bench.kind, t) for t in texts],
+                         "scores": sample_scores, **({"error": str(response)} if failed else {})})
+        write_jsonl(os.path.join(out_dir, f"{_safe(name)}.jsonl"), rows)
+        results[name] = {"benchmark": bench.name, "kind": bench.kind, "num_questions": len(questions),
+                         "num_samples": config.n, "dropped_rows": len(dropped), "errors": errors,
+                         "seconds": round(seconds, 3), **summarize(scores)}
+        if errors:
+            first = next(r["error"] for r in rows if "error" in r)
+            logger.warning(f"{name}: {errors} questions failed and score 0 (first: {first})")
+    return results
+
+
+def _safe(name: str) -> str:
+    return os.path.basename(name.rstrip("/")).replace(os.sep, "_") or "dataset"
+
+
+def new_run_dir(root: str) -> str:
+    """<root>/<YYYYMMDD-HHMMSS>, with -1, -2, ... when that exists: an earlier report is never overwritten."""
+    base = os.path.join(root, time.strftime("%Y%m%d-%H%M%S"))
+    path, i = base, 0
+    while True:
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            i += 1
+            path = f"{base}-{i}"
+
+
+def table(results: dict[str, dict]) -> str:
+    keys = sorted({k for r in results.values() for k in r if k == "acc" or k.startswith(("pass@", "mean@"))},
+                  key=lambda k: (k != "acc", len(k), k))
+    head = ["dataset", "n_questions", *keys]
+    lines = [head] + [[name, str(r["num_questions"]), *(f"{r[k]:.4f}" if k in r else "-" for k in keys)]
+                      for name, r in results.items()]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    fmt = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
+    return "\n".join([fmt(lines[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, lines[1:])])
+
+
+def bar_chart(results: dict[str, dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(names)), 3.5))
+    bars = ax.bar(names, [results[n]["acc"] for n in names], color="#4C72B0")
+    ax.bar_label(bars, fmt="%.3f")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("accuracy")
+    ax.set_title("swift eval")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def eval_main(args: EvalArguments | list[str] | None = None) -> dict[str, Any]:
+    a = resolve_args(EvalArguments, args, "swift eval")
+    request_config(a)  # a bad generation config stops here, before any model loads
+    benchmarks = load_benchmarks(a)
+    engine, adapter = build_eval_engine(a)
+    out_dir = new_run_dir(a.eval_output_dir)
+    try:
+        results = evaluate(engine, a, adapter, benchmarks, out_dir)
+    finally:
+        engine.close()
+    config, _ = request_config(a)
+    report = {"results": results, "model": a.model, "adapters": list(a.adapters), "eval_url": a.eval_url,
+              "infer_backend": None if a.eval_url else a.infer_backend, "generation": asdict(config),
+              "config": {k: v for k, v in a.to_dict().items() if k != "api_key"}}
+    write_json(os.path.join(out_dir, "report.json"), report)
+    bar_chart(results, os.path.join(out_dir, "report.png"))
+    print(table(results))
+    logger.info(f"report: {os.path.join(out_dir, 'report.json')}")
+    return {"output_dir": out_dir, **report}

@@ -1,0 +1,325 @@
+"""`swift sample`: best-of-n and rejection sampling (ms-swift's names), and distillation from an
+OpenAI-compatible teacher.
+
+For every prompt row of --dataset: generate --num_return_sequences answers (or take the row's own
+answer with --sampler_engine no), score them — an outcome reward (--orm_model, a reward function
+name such as `accuracy`), a process reward model (--prm_model, answers below --prm_threshold are
+dropped) and/or a sequence-classification reward model (--reward_model), summed — skip prompts the
+model already solves in more than --easy_query_threshold of its answers, and write:
+
+- <output_file>: the --n_best_to_keep best distinct answers per prompt, one row each
+  ({"messages": prompt + answer, "score", "id", the row's other columns}) — `swift sft` input;
+- <stem>_pairs.jsonl: per prompt the best answer with the worst as `rejected_response` when their
+  scores differ by more than --pair_min_margin — `swift rlhf --rlhf_type dpo` input.
+
+--data_range I N takes the I-th of N contiguous shards of the rows (several processes, one file
+each); --resume skips prompts whose ids are already in the output (nothing lost or repeated).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tqdm import tqdm
+
+from swift.arguments.base import ComposedArguments
+from swift.arguments.infer import EngineArguments, GenerationArguments
+from swift.arguments.model import ModelArguments
+from swift.arguments.template import TemplateArguments
+from swift.pipelines.base import resolve_args
+from swift.pipelines.eval import json_flag
+from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
+ENGINES = ("transformers", "vllm", "client", "no")
+
+
+@dataclass
+class SampleOptions:
+    dataset: list[str] = field(default_factory=list, metadata={"help": "Prompt rows (messages/query, plus columns rewards read, e.g. solution)."})
+    sampler_type: str = field(default="sample", metadata={"help": "sample (best-of-n / rejection sampling) or distill (a teacher's answers)."})
+    sampler_engine: str = field(default="transformers", metadata={
+        "help": "transformers (ms-swift: pt), vllm, client (an OpenAI-compatible URL in --engine_kwargs), "
+                "or no (score the rows' own answers)."})
+    num_return_sequences: int = field(default=64, metadata={"help": "Answers generated per prompt."})
+    n_best_to_keep: int = field(default=5, metadata={"help": "Best distinct answers kept per prompt."})
+    orm_model: str | None = field(default=None, metadata={"help": "Outcome reward: a reward function name (e.g. accuracy) or a .py file."})
+    prm_model: str | None = field(default=None, metadata={"help": "A process reward model directory (swift rlhf --rlhf_type prm)."})
+    prm_threshold: float = field(default=0.0, metadata={"help": "Drop answers whose weakest step scores below this."})
+    reward_model: str | None = field(default=None, metadata={"help": "A sequence-classification reward model directory."})
+    step_separator: str = field(default="\n", metadata={"help": "--prm_model: the text that ends each step."})
+    easy_query_threshold: float | None = field(default=None, metadata={
+        "help": "Skip a prompt when more than this fraction of its answers earn the outcome reward (>= 1)."})
+    pair_min_margin: float = field(default=0.0, metadata={"help": "A chosen/rejected pair needs best − worst > this."})
+    data_range: list[int] = field(default_factory=list, metadata={"help": "I N: the I-th of N contiguous shards of the rows."})
+    num_sampling_batch_size: int = field(default=8, metadata={"help": "Prompts sent to the engine together."})
+    num_sampling_batches: int | None = field(default=None, metadata={"help": "Stop after this many batches."})
+    resume: bool = field(default=False, metadata={"help": "Continue an interrupted run: skip prompts already written."})
+    override_exist_file: bool = field(default=False, metadata={"help": "Replace an existing output file."})
+    output_dir: str = field(default="sample_output", metadata={"help": "Directory of the output files."})
+    output_file: str | None = field(default=None, metadata={
+        "help": "Output jsonl name (default: sample.jsonl, or sample_I_of_N.jsonl with --data_range)."})
+    engine_kwargs: str | None = field(default=None, metadata={
+        "help": "JSON; client engine: base_url, api_key, model, concurrency."})
+    strict: bool = field(default=False, metadata={"help": "Stop at a bad row instead of dropping it."})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dataset, str):
+            self.dataset = [self.dataset]
+        if not self.dataset:
+            raise SwiftError("--dataset is required: the prompts to sample answers for")
+        if self.sampler_type == "mcts":
+            raise SwiftError("--sampler_type mcts is an ms-swift sampler this version does not support (it has sample "
+                             "and distill)")
+        if self.sampler_type not in ("sample", "distill"):
+            raise SwiftError(f"--sampler_type {self.sampler_type!r} is not one of sample, distill")
+        if self.sampler_engine == "pt":
+            self.sampler_engine = "transformers"
+        if self.sampler_engine == "lmdeploy":
+            raise SwiftError("--sampler_engine lmdeploy is an ms-swift engine this version does not support (it has "
+                             f"{', '.join(ENGINES)})")
+        if self.sampler_engine not in ENGINES:
+            raise SwiftError(f"--sampler_engine {self.sampler_engine!r} is not one of {', '.join(ENGINES)}")
+        self.engine_options = json_flag(self.engine_kwargs, "--engine_kwargs")
+        if self.sampler_type == "distill" and self.sampler_engine != "client":
+            raise SwiftError("--sampler_type distill asks a teacher behind an OpenAI-compatible API: "
+                             "--sampler_engine client --engine_kwargs '{\"base_url\": ...}'")
+        if self.sampler_engine == "client" and not self.engine_options.get("base_url"):
+            raise SwiftError("--sampler_engine client needs --engine_kwargs '{\"base_url\": \"http://host:port/v1\"}'")
+        if self.num_return_sequences < 1 or self.n_best_to_keep < 1:
+            raise SwiftError("--num_return_sequences and --n_best_to_keep must be at least 1")
+        if self.data_range:
+            if len(self.data_range) != 2 or not 0 <= self.data_range[0] < self.data_range[1]:
+                raise SwiftError(f"--data_range {' '.join(map(str, self.data_range))}: give I N with 0 <= I < N")
+        if self.easy_query_threshold is not None and not self.orm_model:
+            raise SwiftError("--easy_query_threshold counts answers that earn the outcome reward: give --orm_model")
+        if self.resume and self.override_exist_file:
+            raise SwiftError("--resume continues the existing output file; --override_exist_file replaces it: give one")
+
+
+class SampleArguments(ComposedArguments):
+    """`swift sample`: best-of-n / rejection sampling and distillation into training data."""
+
+    parts: ClassVar[dict[str, type]] = {
+        "model_args": ModelArguments,
+        "template_args": TemplateArguments,
+        "engine_args": EngineArguments,
+        "generation_args": GenerationArguments,
+        "sample_args": SampleOptions,
+    }
+    defaults: ClassVar[dict[str, Any]] = {"temperature": 1.0}  # as ms-swift: sampling, not greedy
+
+
+SamplingArguments = SampleArguments  # ms-swift's name
+
+
+def shard(n: int, index: int, total: int) -> range:
+    """The index-th of `total` contiguous, near-equal shards of range(n)."""
+    return range(n * index // total, n * (index + 1) // total)
+
+
+def output_paths(a) -> tuple[str, str]:
+    name = a.output_file or ("sample.jsonl" if not a.data_range else f"sample_{a.data_range[0]}_of_{a.data_range[1]}.jsonl")
+    if os.path.basename(name) != name or not name.endswith(".jsonl"):
+        raise SwiftError(f"--output_file {name}: a file name ending in .jsonl (the directory is --output_dir)")
+    path = os.path.join(a.output_dir, name)
+    return path, path[:-len(".jsonl")] + "_pairs.jsonl"
+
+
+def valid_rows(path: str) -> list[dict]:
+    """The complete rows of an output file (a line cut short by an interruption is not one)."""
+    rows = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    return rows
+
+
+def prepare_resume(path: str, pairs_path: str, skipped_path: str) -> set:
+    """The prompt ids finished before an interruption (all their kept rows are in the output, or
+    they were skipped); the files are rewritten without cut lines, and without pairs of prompts that
+    will be sampled again."""
+    done = {r["id"] for r in valid_rows(path)} | {r["id"] for r in valid_rows(skipped_path)}
+    for p, rows in ((path, valid_rows(path)), (skipped_path, valid_rows(skipped_path)),
+                    (pairs_path, [r for r in valid_rows(pairs_path) if r.get("id") in done])):
+        if os.path.exists(p):
+            with open(p, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    return done
+
+
+def append_rows(path: str, rows: list[dict]) -> None:
+    """One write per prompt, so an interruption cuts at most its last line."""
+    if rows:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+class Scorer:
+    """Sums the configured rewards for each answer; an answer under --prm_threshold gets None."""
+
+    def __init__(self, a):
+        from swift.rewards.manager import build_reward_funcs
+
+        self.orm = build_reward_funcs([a.orm_model], a)[0][1] if a.orm_model else None
+        self.rm = build_reward_funcs([], a, reward_model=a.reward_model)[0][1] if a.reward_model else None
+        self.prm = None
+        if a.prm_model:
+            from swift.eval.prm import PRMScorer
+
+            self.prm = PRMScorer(a.prm_model, step_separator=a.step_separator, template_name=a.template)
+        self.threshold = a.prm_threshold
+
+    def __call__(self, messages: list[dict], answers: list[str], columns: dict) -> tuple[list, list]:
+        """(total score or None per answer, outcome reward per answer or None)."""
+        n = len(answers)
+        cols = {k: [v] * n for k, v in columns.items()}
+        outcome = [float(x) for x in self.orm(answers, messages=[messages] * n, **cols)] if self.orm else None
+        totals = [0.0] * n
+        if outcome:
+            totals = [t + o for t, o in zip(totals, outcome)]
+        if self.rm:
+            totals = [t + r for t, r in zip(totals, self.rm(answers, messages=[messages] * n))]
+        if self.prm:
+            process = [self.prm.score(messages, x) for x in answers]
+            totals = [None if p < self.threshold else t + p for t, p in zip(totals, process)]
+        return totals, outcome
+
+
+def select(messages, answers, totals, outcome, a) -> tuple[list[dict], dict | None, str | None]:
+    """The kept rows, the pair, or why the prompt was skipped."""
+    if a.easy_query_threshold is not None and outcome:
+        solved = sum(1 for o in outcome if o >= 1.0) / len(outcome)
+        if solved > a.easy_query_threshold:
+            return [], None, "easy"
+    scored = [(t, x) for t, x in zip(totals, answers) if t is not None and not math.isnan(t) and x.strip()]
+    if not scored:
+        return [], None, "no answer passed the filters"
+    best: dict[str, float] = {}
+    for t, x in scored:  # distinct answers, each with its best score
+        best[x] = max(t, best.get(x, -math.inf))
+    ranked = sorted(best.items(), key=lambda kv: -kv[1])
+    kept = [{"messages": [*messages, {"role": "assistant", "content": x}], "score": t}
+            for x, t in ranked[:a.n_best_to_keep]]
+    pair = None
+    (chosen, high), (rejected, low) = ranked[0], ranked[-1]
+    if len(ranked) > 1 and high - low > a.pair_min_margin:
+        pair = {"messages": [*messages, {"role": "assistant", "content": chosen}], "rejected_response": rejected,
+                "chosen_score": high, "rejected_score": low}
+    return kept, pair, None
+
+
+def build_sample_engine(a):
+    if a.sampler_engine == "no":
+        return None, None
+    if a.sampler_engine == "client":
+        from swift.infer.client import ClientEngine
+
+        o = a.sample_args.engine_options
+        return ClientEngine(o["base_url"], api_key=o.get("api_key"), model=o.get("model"),
+                            concurrency=int(o.get("concurrency", 16)), flag="--engine_kwargs base_url"), None
+    from swift.infer.factory import build_engine
+
+    a.engine_args.infer_backend = a.sampler_engine
+    engine, adapters = build_engine(a)
+    return engine, (list(adapters)[-1] if adapters else None)
+
+
+def prompt_of(row: dict) -> tuple[list[dict], str | None]:
+    """The conversation to answer and, when the row ends with one, its own answer."""
+    messages = list(row["messages"])
+    if messages[-1]["role"] == "assistant":
+        return messages[:-1], messages[-1]["content"]
+    return messages, None
+
+
+def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, Any]:
+    from swift.dataset.loader import load_rows
+    from swift.infer.protocol import InferRequest
+    from swift.pipelines.eval import generate
+    from swift.pipelines.infer import fit_to_context
+
+    a = resolve_args(SampleArguments, args, "swift sample")
+    rows = load_rows(a.dataset, strict=a.strict, seed=a.seed if a.seed is not None else 42)
+    rows.report("sample dataset")
+    indices = list(shard(len(rows), *a.data_range) if a.data_range else range(len(rows)))
+    path, pairs_path = output_paths(a)
+    os.makedirs(a.output_dir, exist_ok=True)
+    if os.path.exists(path) and not (a.resume or a.override_exist_file):
+        raise SwiftError(f"{path} exists; --resume continues it, --override_exist_file replaces it")
+    if a.override_exist_file:
+        for p in (path, pairs_path, path[:-len(".jsonl")] + "_skipped.jsonl"):
+            if os.path.exists(p):
+                os.remove(p)
+    skipped_path = path[:-len(".jsonl")] + "_skipped.jsonl"
+    finished = prepare_resume(path, pairs_path, skipped_path) if a.resume else set()
+    todo = [i for i in indices if i not in finished]
+    if a.num_sampling_batches is not None:
+        todo = todo[:a.num_sampling_batches * a.num_sampling_batch_size]
+    engine, adapter = build_sample_engine(a)
+    scorer = Scorer(a)
+    config = a.generation_args.request_config()
+    from dataclasses import replace
+
+    config = replace(config, n=1 if a.sampler_engine == "no" else a.num_return_sequences)
+    counts = {"prompts": 0, "kept": 0, "pairs": 0, "skipped_easy": 0, "skipped_other": 0, "failed": 0}
+    bar = tqdm(total=len(todo), desc="sample", dynamic_ncols=True)
+    try:
+        for start in range(0, len(todo), a.num_sampling_batch_size):
+            batch = todo[start:start + a.num_sampling_batch_size]
+            prompts = [prompt_of(rows.rows[i]) for i in batch]
+            if engine is None:
+                missing = next((rows.origins[i] for i, (_, own) in zip(batch, prompts) if own is None), None)
+                if missing:
+                    raise SwiftError(f"--sampler_engine no scores the rows' own answers; {missing} has none")
+                answers = [[own] for _, own in prompts]
+            else:
+                requests = [InferRequest(messages=m, adapter=adapter) for m, _ in prompts]
+                fit = None if a.sampler_engine == "client" else (lambda r, c: fit_to_context(engine, r, c, None))
+                responses = generate(engine, requests, config, a.max_new_tokens is not None, desc="generate", fit=fit)
+                answers = []
+                for i, response in zip(batch, responses):
+                    if isinstance(response, SwiftError):
+                        if a.strict:
+                            raise SwiftError(f"{rows.origins[i]}: {response}")
+                        logger.warning(f"{rows.origins[i]}: {response}")
+                        answers.append(None)
+                    else:
+                        answers.append([c.text for c in response.choices])
+            for i, (messages, _), texts in zip(batch, prompts, answers):
+                counts["prompts"] += 1
+                if texts is None:
+                    counts["failed"] += 1
+                    continue
+                columns = {k: v for k, v in rows.rows[i].items() if k != "messages"}
+                if a.sampler_type == "distill":
+                    kept, pair, why = [{"messages": [*messages, {"role": "assistant", "content": t}], "score": None}
+                                       for t in dict.fromkeys(texts) if t.strip()][:a.n_best_to_keep], None, None
+                else:
+                    totals, outcome = scorer(messages, texts, columns)
+                    kept, pair, why = select(messages, texts, totals, outcome, a)
+                extra = {k: v for k, v in columns.items() if k not in ("rejected_response",)}
+                if pair:  # before the kept rows, which mark the prompt done
+                    append_rows(pairs_path, [{**extra, **pair, "id": i}])
+                append_rows(path, [{**extra, **row, "id": i} for row in kept])
+                if why:  # remembered, so --resume does not sample it again
+                    append_rows(skipped_path, [{"id": i, "reason": why}])
+                counts["kept"] += len(kept)
+                counts["pairs"] += pair is not None
+                counts["skipped_easy" if why == "easy" else "skipped_other"] += why is not None
+                bar.update()
+    finally:
+        bar.close()
+        if engine is not None:
+            engine.close()
+    logger.info(f"sample: {counts['prompts']} prompts → {counts['kept']} rows in {path}, {counts['pairs']} pairs in "
+                f"{pairs_path}; skipped {counts['skipped_easy']} easy, {counts['skipped_other']} without a usable answer")
+    return {"output_file": path, "pairs_file": pairs_path, **counts}

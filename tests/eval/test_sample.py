@@ -1,0 +1,170 @@
+"""`swift sample`: kept answers scored by the outcome reward, chosen/rejected pairs, output that `swift
+sft` and `swift rlhf --rlhf_type dpo` load unchanged, sharding with --data_range and --resume losing
+and repeating nothing, scoring a dataset's own answers with a reward model, a process reward model's
+step scores and threshold, and a teacher behind `swift deploy` (client engine, distill)."""
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from swift.utils.registry import SwiftError
+
+SAMPLE = ["--dataset", "builtin:arith-sft:eval#24", "--num_return_sequences", "6", "--n_best_to_keep", "3",
+          "--orm_model", "accuracy", "--max_new_tokens", "6", "--temperature", "1.6", "--seed", "3"]
+
+
+def swift(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swift", *argv], capture_output=True, text=True, timeout=900)
+
+
+def rows_of(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory, quickstart):
+    _, out = quickstart
+    model = os.path.join(out, "sft")
+    path = tmp_path_factory.mktemp("sample")
+    proc = swift("sample", "--model", model, *SAMPLE, "--output_dir", str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return model, path
+
+
+def test_kept_answers_and_pairs(sampled):
+    from swift.rewards.builtin import is_correct
+
+    _, path = sampled
+    kept, pairs = rows_of(path / "sample.jsonl"), rows_of(path / "sample_pairs.jsonl")
+    per_prompt = Counter(r["id"] for r in kept)
+    assert set(per_prompt) == set(range(24)) and max(per_prompt.values()) <= 3
+    for r in kept:
+        answer = r["messages"][-1]["content"]
+        assert r["messages"][-1]["role"] == "assistant" and r["score"] == is_correct(answer, r["solution"])
+    for i in per_prompt:  # distinct answers, best first
+        answers = [r for r in kept if r["id"] == i]
+        assert len({r["messages"][-1]["content"] for r in answers}) == len(answers)
+        assert [r["score"] for r in answers] == sorted((r["score"] for r in answers), reverse=True)
+    assert pairs, "a sampling temperature of 1.6 gives some wrong answers"
+    for p in pairs:
+        assert p["chosen_score"] == 1.0 and p["rejected_score"] == 0.0
+        assert p["messages"][-1]["content"] == p["solution"] != p["rejected_response"]
+
+
+def test_output_trains_with_sft_and_dpo(sampled, tmp_path):
+    model, path = sampled
+    common = ["--model", model, "--max_steps", "2", "--per_device_train_batch_size", "4", "--save_strategy", "no",
+              "--report_to", "none", "--add_version", "false", "--tuner_type", "lora"]
+    sft = swift("sft", *common, "--dataset", str(path / "sample.jsonl"), "--output_dir", str(tmp_path / "sft"),
+                "--strict", "true")
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    dpo = swift("rlhf", "--rlhf_type", "dpo", *common, "--dataset", str(path / "sample_pairs.jsonl"),
+                "--output_dir", str(tmp_path / "dpo"), "--strict", "true")
+    assert dpo.returncode == 0, dpo.stderr[-3000:]
+
+
+def test_shards_and_resume_lose_and_repeat_nothing(sampled, tmp_path):
+    """Two --data_range shards cover the rows once; a shard interrupted mid-write and resumed ends
+    with every prompt exactly once (same rows as an uninterrupted shard: the sampling seed is per request)."""
+    model, whole = sampled
+    argv = ["sample", "--model", model, *SAMPLE, "--output_dir", str(tmp_path)]
+    for shard in ("0", "1"):
+        proc = swift(*argv, "--data_range", shard, "2")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    shards = [rows_of(tmp_path / f"sample_{i}_of_2.jsonl") for i in (0, 1)]
+    ids = [{r["id"] for r in s} for s in shards]
+    assert ids[0] == set(range(12)) and ids[1] == set(range(12, 24))
+    first, first_pairs = shards[0], rows_of(tmp_path / "sample_0_of_2_pairs.jsonl")
+    # interrupt while writing prompt 5: the rows of prompts 0-4, half a line of prompt 5, and the pairs
+    # up to prompt 5's (written before its rows)
+    path, pairs = tmp_path / "sample_0_of_2.jsonl", tmp_path / "sample_0_of_2_pairs.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    cut = next(k for k, line in enumerate(lines) if json.loads(line)["id"] == 5)
+    path.write_text("".join(lines[:cut]) + lines[cut][:20])
+    pairs.write_text("".join(json.dumps(p) + "\n" for p in first_pairs if p["id"] <= 5))
+    refused = swift(*argv, "--data_range", "0", "2")
+    assert refused.returncode != 0 and "--resume continues it" in refused.stderr
+    proc = swift(*argv, "--data_range", "0", "2", "--resume", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert rows_of(path) == first and rows_of(pairs) == first_pairs  # every line whole, none lost or repeated
+
+
+def test_scoring_a_dataset_with_a_reward_model(tmp_path):
+    """OpenRLHF's batch scoring: --sampler_engine no keeps each row's own answer, scored by a seq_cls
+    model exactly as the reward model scores it directly."""
+    from swift.infer.reward import RewardScorer
+    from swift.model import load_model
+    from swift.template import get_template, infer_template
+
+    model, tokenizer, info = load_model("builtin:tiny-chat", task_type="seq_cls", num_labels=1)
+    model.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    proc = swift("sample", "--sampler_engine", "no", "--dataset", "builtin:arith-sft:eval#6", "--reward_model",
+                 str(tmp_path / "rm"), "--output_dir", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = rows_of(tmp_path / "out" / "sample.jsonl")
+    scorer = RewardScorer(model, tokenizer, get_template(infer_template(info.model_type, tokenizer), tokenizer))
+    assert len(rows) == 6
+    expected = scorer.score([scorer.render(r["messages"]) for r in rows])
+    assert [r["score"] for r in rows] == pytest.approx(expected, abs=1e-5)
+
+
+def test_process_reward_model_scores_steps_where_it_was_trained(tmp_path):
+    from swift.eval.prm import PRMScorer
+    from swift.model import load_model
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat", task_type="token_cls", num_labels=2)
+    model.eval()  # its classifier has dropout
+    model.save_pretrained(tmp_path / "prm")
+    tokenizer.save_pretrained(tmp_path / "prm")
+    prm = PRMScorer(str(tmp_path / "prm"))
+    messages = [{"role": "user", "content": "12+34+5="}]
+    scores = prm.step_scores(messages, "12+34=46\n46+5=51")
+    ids = prm.template.encode_prompt(messages)
+    ends = []
+    for step in ("12+34=46", "46+5=51"):
+        ids = ids + tokenizer.encode(step + "\n", add_special_tokens=False)
+        ends.append(len(ids) - 1)
+    with torch.no_grad():
+        direct = model(input_ids=torch.tensor([ids])).logits[0, ends].softmax(-1)[:, 1]
+    assert scores == pytest.approx(direct.tolist(), abs=1e-6) and prm.score(messages, "12+34=46\n46+5=51") == min(scores)
+    # --prm_threshold above every step score drops every answer
+    from swift.pipelines.sample import select
+
+    class A:
+        easy_query_threshold, n_best_to_keep, pair_min_margin = None, 2, 0.0
+
+    assert select(messages, ["x", "y"], [None, None], None, A)[2] == "no answer passed the filters"
+
+
+def test_client_engine_and_distill_from_a_deployed_teacher(tmp_path, quickstart):
+    from tests.deploy.serving import deploy
+
+    _, out = quickstart
+    with deploy("--model", os.path.join(out, "sft")) as base:
+        proc = swift("sample", "--sampler_type", "distill", "--sampler_engine", "client", "--engine_kwargs",
+                     json.dumps({"base_url": base + "/v1"}), "--dataset", "builtin:arith-sft:eval#8",
+                     "--num_return_sequences", "1", "--temperature", "0", "--max_new_tokens", "6",
+                     "--output_dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = rows_of(tmp_path / "sample.jsonl")
+    assert len(rows) == 8 and sum(r["messages"][-1]["content"] == r["solution"] for r in rows) >= 6
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--sampler_type", "mcts"], "--sampler_type mcts is an ms-swift sampler this version does not support"),
+    (["--sampler_engine", "client"], "--sampler_engine client needs --engine_kwargs"),
+    (["--data_range", "2", "2"], "--data_range 2 2: give I N with 0 <= I < N"),
+    (["--easy_query_threshold", "0.5"], "--easy_query_threshold counts answers that earn the outcome reward"),
+])
+def test_bad_flags_are_one_line(argv, message):
+    from swift.arguments.parser import parse_args
+    from swift.pipelines.sample import SampleArguments
+
+    with pytest.raises(SwiftError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        parse_args(SampleArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft", *argv])
