@@ -39,13 +39,20 @@ def request_config(body: dict, chat: bool) -> RequestConfig:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise RequestError("'stop' must be a string or a list of strings", "stop")
+    prompt_logprobs = None
     if chat:
         logprobs = bool(body.get("logprobs") or False)
         top = _number(body, "top_logprobs", 0, int)
     else:  # the completions API takes the number of alternatives in `logprobs`
         top = _number(body, "logprobs", None, int)
         logprobs, top = top is not None, top or 0
+        if not isinstance(body.get("echo", False), bool):
+            raise RequestError("'echo' must be true or false", "echo")
+        if body.get("echo") and logprobs:  # the prompt's tokens get log-probs too
+            prompt_logprobs = top
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens == 0 and not chat and prompt_logprobs is None:
+        prompt_logprobs = 0  # nothing to generate: the engine only reads the prompt
     try:
         return RequestConfig(
             max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", 256, int),
@@ -54,7 +61,7 @@ def request_config(body: dict, chat: bool) -> RequestConfig:
             top_k=max(_number(body, "top_k", 0, int), 0),
             repetition_penalty=_number(body, "repetition_penalty", 1.0, float),
             n=_number(body, "n", 1, int), seed=_number(body, "seed", None, int), stop=stop,
-            logprobs=logprobs, top_logprobs=top)
+            logprobs=logprobs, top_logprobs=top, prompt_logprobs=prompt_logprobs)
     except RequestError:
         raise
     except SwiftError as e:
@@ -81,15 +88,27 @@ def chat_request(body: dict, adapter: str | None) -> InferRequest:
     return InferRequest(messages=clean, tools=tools or None, adapter=adapter)
 
 
-def completion_request(body: dict, adapter: str | None) -> InferRequest:
+def _is_ids(x) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def completion_requests(body: dict, adapter: str | None) -> list[InferRequest]:
+    """`prompt` as the OpenAI API allows it: a string, a list of strings, a list of token ids, or a
+    list of token-id lists; one request per prompt."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return InferRequest(input_ids=prompt, adapter=adapter)
-    if not isinstance(prompt, str) or not prompt:
-        raise RequestError("'prompt' must be a non-empty string (or a list of token ids)", "prompt")
-    return InferRequest(prompt=prompt, adapter=adapter)
+    if isinstance(prompt, str) or _is_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt):
+        prompts = prompt
+    else:
+        raise RequestError("'prompt' must be a non-empty string, a list of strings, a list of token ids or a list of "
+                           "token-id lists", "prompt")
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) and not p:
+            raise RequestError(f"prompt[{i}] is empty", "prompt")
+    return [InferRequest(prompt=p, adapter=adapter) if isinstance(p, str) else InferRequest(input_ids=list(p),
+                                                                                            adapter=adapter)
+            for p in prompts]
 
 
 def _chat_logprobs(items: list[TokenLogprob] | None) -> dict | None:
@@ -123,11 +142,41 @@ def chat_response(model: str, response: InferResponse) -> dict[str, Any]:
             "usage": response.usage}
 
 
-def completion_response(model: str, response: InferResponse) -> dict[str, Any]:
+def _echoed_logprobs(prompt: list[TokenLogprob], choice: list[TokenLogprob] | None, top: int) -> dict:
+    """Completions log-probs of the prompt's tokens (the first has none) followed by the answer's."""
+    items = [*prompt, *(choice or [])]
+    offsets, pos = [], 0
+    for t in items:
+        offsets.append(pos)
+        pos += len(t.token)
+    return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [None if t.logprob is None else dict(t.top_logprobs[:top]) for t in items],
+            "text_offset": offsets}
+
+
+def completion_response(model: str, responses: list[InferResponse], *, echo_texts: list[str] | None = None,
+                        top: int = 0, decode=None) -> dict[str, Any]:
+    """One response body for all prompts: choice `i·n + j` is the j-th sample of prompt i; with
+    `echo_texts` each text starts with its prompt (and log-probs cover the prompt's tokens). As in
+    vLLM's server, the end-of-sequence token that stopped an answer is the last log-prob entry (its
+    text is not in the answer); lm-eval drops that last entry when it scores an echoed prompt."""
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for i, response in enumerate(responses):
+        prompt_tokens += response.prompt_tokens
+        completion_tokens += response.completion_tokens
+        for c in response.choices:
+            answer = c.logprobs
+            if answer is not None and c.stop_token_id is not None and c.stop_logprob is not None and decode:
+                answer = [*answer, TokenLogprob(decode([c.stop_token_id]), c.stop_token_id, c.stop_logprob)]
+            if echo_texts is not None and response.prompt_logprobs is not None:
+                logprobs = _echoed_logprobs(response.prompt_logprobs, answer, top)
+            else:
+                logprobs = _completion_logprobs(answer)
+            choices.append({"index": len(choices), "text": (echo_texts[i] if echo_texts is not None else "") + c.text,
+                            "logprobs": logprobs, "finish_reason": c.finish_reason, "token_ids": c.token_ids})
     return {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": c.index, "text": c.text, "logprobs": _completion_logprobs(c.logprobs),
-                         "finish_reason": c.finish_reason, "token_ids": c.token_ids} for c in response.choices],
-            "usage": response.usage}
+            "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                          "total_tokens": prompt_tokens + completion_tokens}}
 
 
 def chat_chunk(cid: str, model: str, delta: StreamDelta, first: bool) -> dict[str, Any]:
@@ -144,4 +193,4 @@ def completion_chunk(cid: str, model: str, delta: StreamDelta) -> dict[str, Any]
 
 
 __all__ = ["Choice", "RequestError", "chat_chunk", "chat_request", "chat_response", "completion_chunk",
-           "completion_request", "completion_response", "new_id", "request_config"]
+           "completion_requests", "completion_response", "new_id", "request_config"]

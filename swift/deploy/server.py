@@ -112,39 +112,50 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "swift"}
                                            for m in models]}
 
+    async def prepared(infer_request, body: dict, config):
+        """The request as token ids with its answer length settled, or a RequestError: everything a
+        request can get wrong is found here, before it joins a batch (tokenising runs off the loop)."""
+        try:
+            prompt = await asyncio.to_thread(engine.encode, infer_request)
+        except Exception as e:  # a conversation the chat template cannot render
+            raise RequestError(f"the chat template cannot render this request: {type(e).__name__}: {e}",
+                               "messages") from None
+        if body.get("max_completion_tokens", body.get("max_tokens")) is None:  # the rest of the context
+            rest = engine.max_model_len - len(prompt)
+            config = replace(config, max_tokens=max(min(rest, limits.max_tokens_limit or rest), 1))
+        engine.check(prompt, config)
+        return InferRequest(input_ids=prompt, adapter=infer_request.adapter), config
+
     async def complete(request: Request, chat: bool):
         try:
             if engine is None:
                 raise RequestError("this server hosts a reward model (--task_type seq_cls); use POST /v1/rewards")
             body = await read_body(request)
             adapter = pick_adapter(body)
-            infer_request = api.chat_request(body, adapter) if chat else api.completion_request(body, adapter)
+            infer_requests = [api.chat_request(body, adapter)] if chat else api.completion_requests(body, adapter)
             config = api.request_config(body, chat)
-            limits.check(config, rows=config.n)
+            limits.check(config, rows=config.n * len(infer_requests))
             model = body.get("model") or served_model_name
-            # everything a request can get wrong is found here, before it joins a batch; rendering and
-            # tokenising run off the event loop, once
-            try:
-                prompt = await asyncio.to_thread(engine.encode, infer_request)
-            except Exception as e:  # a conversation the chat template cannot render
-                raise RequestError(f"the chat template cannot render this request: {type(e).__name__}: {e}",
-                                   "messages") from None
-            if body.get("max_completion_tokens", body.get("max_tokens")) is None:  # the rest of the context
-                rest = engine.max_model_len - len(prompt)
-                config = replace(config, max_tokens=max(min(rest, limits.max_tokens_limit or rest), 1))
-            engine.check(prompt, config)
-            infer_request = InferRequest(input_ids=prompt, adapter=infer_request.adapter)
+            jobs = [await prepared(r, body, config) for r in infer_requests]
             if body.get("stream"):
-                return StreamingResponse(sse(engine, infer_request, config, model, chat, limits.request_timeout),
+                if len(jobs) > 1 or config.prompt_logprobs is not None:
+                    raise RequestError("streaming takes one prompt, without echo or max_tokens 0", "stream")
+                return StreamingResponse(sse(engine, *jobs[0], model, chat, limits.request_timeout),
                                          media_type="text/event-stream")
-            result = await asyncio.wait_for(engine.infer_async(infer_request, config), limits.request_timeout)
+            results = await asyncio.wait_for(asyncio.gather(*(engine.infer_async(r, c) for r, c in jobs)),
+                                             limits.request_timeout)
         except RequestError as e:
             return error(e)
         except SwiftError as e:
             return error(RequestError(str(e)))
         except asyncio.TimeoutError:
             return error(timed_out(limits.request_timeout))
-        return api.chat_response(model, result) if chat else api.completion_response(model, result)
+        if chat:
+            return api.chat_response(model, results[0])
+        echo = [r.prompt if r.prompt is not None else engine.tokenizer.decode(r.input_ids)
+                for r in infer_requests] if body.get("echo") else None
+        return api.completion_response(model, results, echo_texts=echo, top=config.top_logprobs,
+                                       decode=engine.tokenizer.decode)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

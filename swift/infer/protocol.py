@@ -46,12 +46,17 @@ class RequestConfig:
     stop: list[str] = field(default_factory=list)
     logprobs: bool = False
     top_logprobs: int = 0
+    # the log-prob of every prompt token after the first, with this many alternatives (vLLM's
+    # `prompt_logprobs`); with it, max_tokens may be 0: the prompt is scored, nothing generated
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         checks = [
-            (self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (self.max_tokens >= (0 if self.prompt_logprobs is not None else 1),
+             "max_tokens must be at least 1 (0 only when the prompt is scored)"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "prompt logprobs must be between 0 and 20"),
             (0 <= self.temperature < float("inf"), "temperature must be a finite number >= 0"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (self.top_k >= 0, "top_k must be >= 0"),
@@ -67,14 +72,14 @@ class RequestConfig:
     def batch_key(self) -> tuple:
         """Requests with equal keys can share a decoding batch."""
         return (self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.logprobs,
-                self.top_logprobs)
+                self.top_logprobs, self.prompt_logprobs, self.max_tokens == 0)
 
 
 @dataclass
 class TokenLogprob:
     token: str
     token_id: int
-    logprob: float
+    logprob: float | None  # None only for a prompt's first token
     top_logprobs: list[tuple[str, float]] = field(default_factory=list)
 
 
@@ -101,6 +106,9 @@ class InferResponse:
     choices: list[Choice]
     prompt_tokens: int
     completion_tokens: int
+    # with RequestConfig.prompt_logprobs: one entry per prompt token; the first has logprob None
+    # (nothing predicts it)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def usage(self) -> dict[str, int]:

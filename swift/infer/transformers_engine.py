@@ -44,6 +44,7 @@ class _Job:
     delivered: bool = False
     streamed: bool = False  # a delta already reached the client
     alone: bool = False  # its batch failed: it runs in a batch of its own
+    prompt_logprobs: list | None = None
 
 
 @dataclass
@@ -311,8 +312,19 @@ class TransformersEngine(InferEngine):
         mask = torch.tensor([[0] * (width - len(j.prompt)) + [1] * len(j.prompt) for j in jobs], device=device)
         cache = DynamicCache()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                            use_cache=True).logits[:, -1].float()
+        prefill = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                             use_cache=True).logits
+        logits = prefill[:, -1].float()
+        if cfg.prompt_logprobs is not None:
+            for b, j in enumerate(jobs):
+                j.prompt_logprobs = self._prompt_logprobs(prefill[b, width - len(j.prompt):], j.prompt,
+                                                          cfg.prompt_logprobs)
+        del prefill
+        if cfg.max_tokens == 0:  # the prompt scored, nothing generated
+            for j in jobs:
+                j.rows = [_Row(j, k, None, finish="length") for k in range(j.config.n)]
+                self._maybe_deliver(j)
+            return
         # one prefill per prompt, repeated for its n samples
         owner = torch.tensor([i for i, j in enumerate(jobs) for _ in range(j.config.n)], device=device)
         cache.batch_select_indices(owner)
@@ -415,6 +427,13 @@ class TransformersEngine(InferEngine):
                                              row.finish, row.logprobs[-1:] if cfg.logprobs and token not in self.eos_ids else None))
                 row.sent = safe
 
+    def _prompt_logprobs(self, logits: torch.Tensor, prompt: list[int], top: int) -> list[TokenLogprob]:
+        """Each prompt token's log-prob under the positions before it (`logits`: the prompt's own rows);
+        the first token's is None."""
+        logprobs = torch.log_softmax(logits[:-1].float(), -1)
+        first = TokenLogprob(self.tokenizer.decode([prompt[0]]), prompt[0], None)
+        return [first] + [self._logprob(token, logprobs[t], top) for t, token in enumerate(prompt[1:])]
+
     def _logprob(self, token: int, logprobs: torch.Tensor, top: int) -> TokenLogprob:
         tops = []
         if top:
@@ -428,7 +447,7 @@ class TransformersEngine(InferEngine):
         job.delivered = True
         choices = [Choice(r.index, r.text, r.tokens, r.finish, r.logprobs if job.config.logprobs else None,
                           r.stop_token_id, r.stop_logprob) for r in job.rows]
-        job.deliver(InferResponse(choices, len(job.prompt), sum(len(r.tokens) for r in job.rows)))
+        job.deliver(InferResponse(choices, len(job.prompt), sum(len(r.tokens) for r in job.rows), job.prompt_logprobs))
 
 
 _FAST_CHECK_STEPS = 2  # decoding steps compared with the model's forward before the fast path is trusted

@@ -116,8 +116,9 @@ class VllmEngine(InferEngine):
     def _params(self, config: RequestConfig):
         return self._sampling_cls(
             n=config.n, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k or -1,
-            repetition_penalty=config.repetition_penalty, max_tokens=config.max_tokens, seed=config.seed,
-            stop=list(config.stop) or None, logprobs=config.top_logprobs if config.logprobs else None)
+            repetition_penalty=config.repetition_penalty, max_tokens=max(config.max_tokens, 1), seed=config.seed,
+            stop=list(config.stop) or None, logprobs=config.top_logprobs if config.logprobs else None,
+            prompt_logprobs=config.prompt_logprobs)
 
     def _lora(self, name: str | None):
         if name is None:
@@ -136,21 +137,30 @@ class VllmEngine(InferEngine):
     def _logprobs(self, output, config: RequestConfig, start: int = 0) -> list[TokenLogprob] | None:
         if not config.logprobs or output.logprobs is None:
             return None
-        out = []
-        for token, table in zip(output.token_ids[start:], output.logprobs[start:]):
-            ranked = sorted(table.items(), key=lambda kv: kv[1].rank or 0)
-            tops = [(lp.decoded_token or "", lp.logprob) for tid, lp in ranked if tid != token or lp.rank][: config.top_logprobs]
-            chosen = table[token]
-            out.append(TokenLogprob(chosen.decoded_token or "", token, chosen.logprob, tops))
-        return out
+        return [self._ranked(token, table, config.top_logprobs)
+                for token, table in zip(output.token_ids[start:], output.logprobs[start:])]
 
     async def _final(self, request: InferRequest, config: RequestConfig) -> InferResponse:
         prompt, stream = await self._outputs(request, config)
-        latest = {}  # with n > 1 vLLM may report the samples in different RequestOutputs
+        latest, scored = {}, None  # with n > 1 vLLM may report the samples in different RequestOutputs
         async for out in stream:
             latest.update({o.index: o for o in out.outputs})
+            scored = scored or getattr(out, "prompt_logprobs", None)
         choices = [self._choice(o, config) for _, o in sorted(latest.items())]
-        return InferResponse(choices, len(prompt), sum(len(c.token_ids) for c in choices))
+        if config.max_tokens == 0:  # vLLM generates at least one token; the request asked for none
+            choices = [Choice(c.index, "", [], "length") for c in choices]
+        prompt_logprobs = None
+        if config.prompt_logprobs is not None and scored is not None:
+            prompt_logprobs = [TokenLogprob(self.tokenizer.decode([token]), token, None) if table is None
+                               else self._ranked(token, table, config.prompt_logprobs)
+                               for token, table in zip(prompt, scored)]
+        return InferResponse(choices, len(prompt), sum(len(c.token_ids) for c in choices), prompt_logprobs)
+
+    @staticmethod
+    def _ranked(token: int, table: dict, top: int) -> TokenLogprob:
+        ranked = sorted(table.items(), key=lambda kv: kv[1].rank or 0)
+        tops = [(lp.decoded_token or "", lp.logprob) for tid, lp in ranked if tid != token or lp.rank][:top]
+        return TokenLogprob(table[token].decoded_token or "", token, table[token].logprob, tops)
 
     def _choice(self, o, config: RequestConfig) -> Choice:
         """vLLM keeps the EOS token that ended a sequence in its token ids; the protocol reports it
