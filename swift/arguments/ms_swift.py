@@ -68,9 +68,10 @@ REASONS: dict[str, tuple[str, ...]] = {
     "logits_to_keep is used whenever the model supports it": ("use_logits_to_keep",),
     "token accuracy is not computed during training": ("acc_strategy",),
     "the optimizer is chosen with --optim": ("optimizer",),
-    "`swift eval` and evaluation on benchmarks during training are not in this version yet":
-        ("eval_use_evalscope", "eval_dataset", "eval_dataset_args", "eval_limit", "eval_generation_config",
-         "eval_backend", "eval_output_dir", "eval_num_proc", "eval_url", "extra_eval_args", "local_dataset"),
+    "the built-in evaluator takes --eval_dataset_args and --eval_generation_config; EvalScope's extra arguments are "
+    "not passed": ("extra_eval_args",),
+    "OpenCompass's dataset download is not used; give local files with --eval_dataset PATH or --eval_dataset_args "
+    "local_path": ("local_dataset",),
     "checkpoints are saved by the Hugging Face Trainer": ("use_flash_ckpt",),
     "early stopping is not implemented": ("early_stop_interval",),
     "SwanLab is not built in; use --report_to tensorboard or wandb":
@@ -147,10 +148,10 @@ REASONS: dict[str, tuple[str, ...]] = {
         ("exist_ok", "to_cached_dataset", "template_mode", "to_ollama", "to_mcore", "to_hf", "mcore_model",
          "mcore_adapters", "thread_count", "offload_bridge", "test_convert_precision", "test_convert_dtype",
          "commit_message"),
-    "`swift sample` is not in this version yet":
-        ("prm_model", "orm_model", "sampler_type", "sampler_engine", "output_file", "override_exist_file",
-         "num_sampling_batch_size", "num_sampling_batches", "n_best_to_keep", "data_range", "prm_threshold",
-         "easy_query_threshold", "engine_kwargs", "num_return_sequences", "cache_files"),
+    "MCTS and distill caches are not implemented; an interrupted `swift sample` continues with --resume":
+        ("cache_files",),
+    "Ray-based sampling over device groups is not implemented; shard `swift sample` across processes with --data_range":
+        ("use_ray", "device_groups", "ray_exp_name"),
 }
 
 REFUSED: dict[str, str] = {flag: reason for reason, flags in REASONS.items() for flag in flags}

@@ -9,6 +9,7 @@ from transformers import Seq2SeqTrainingArguments
 
 from swift.arguments.base import ComposedArguments
 from swift.arguments.deepspeed import zero3
+from swift.arguments.eval import TrainEvalArguments
 from swift.arguments.data import DataArguments
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import TemplateArguments
@@ -124,6 +125,7 @@ class SftArguments(ComposedArguments):
         "template_args": TemplateArguments,
         "tuner_args": TunerArguments,
         "training_args": TrainingArguments,
+        "bench_args": TrainEvalArguments,
     }
 
     def __init__(self, **kwargs: Any):
@@ -153,6 +155,10 @@ class SftArguments(ComposedArguments):
             raise SwiftError("--quant_bits trains LoRA adapters on the quantized model (QLoRA); use --tuner_type lora")
         if self.quant_bits and zero3(self.training_args):
             raise SwiftError("--quant_bits with ZeRO-3 is not supported (its weights cannot be partitioned); use zero2")
+        if self.eval_use_evalscope and (self.task_type != "causal_lm" or zero3(self.training_args)
+                                        or self.training_args.fsdp):
+            raise SwiftError("--eval_use_evalscope generates with the model on rank 0: it needs a causal_lm "
+                             "whose weights are whole on each rank (not ZeRO-3 or FSDP)")
         if self.task_type == "seq_cls" and (self.packing or self.padding_free):
             raise SwiftError("--packing is for causal_lm; seq_cls samples are scored one per row")
 

@@ -55,7 +55,7 @@ def _math500(row: dict) -> tuple[str, str]:
 
 
 def _cmath(row: dict) -> tuple[str, str]:
-    return row["question"], str(row["golden"])
+    return row["question"] if "question" in row else row["input"], str(row["golden"])  # XiaoMi's files: input
 
 
 def _qa(row: dict) -> tuple[str, str]:

@@ -7,10 +7,12 @@ name such as `accuracy`), a process reward model (--prm_model, answers below --p
 dropped) and/or a sequence-classification reward model (--reward_model), summed — skip prompts the
 model already solves in more than --easy_query_threshold of its answers, and write:
 
-- <output_file>: the --n_best_to_keep best distinct answers per prompt, one row each
-  ({"messages": prompt + answer, "score", "id", the row's other columns}) — `swift sft` input;
-- <stem>_pairs.jsonl: per prompt the best answer with the worst as `rejected_response` when their
-  scores differ by more than --pair_min_margin — `swift rlhf --rlhf_type dpo` input.
+- <output_file>: the --n_best_to_keep best distinct answers per prompt, one row each, in ms-swift's
+  layout: {"messages": prompt + answer, "rejected_response": the worst answer (on rows that score
+  more than --pair_min_margin above it), "score", "rejected_score", "id", the row's other columns} —
+  `swift sft` input (it reads `messages`);
+- <stem>_pairs.jsonl: per prompt only its best row, and only when it has a `rejected_response` —
+  `swift rlhf --rlhf_type dpo` input in which every row is a pair.
 
 --data_range I N takes the I-th of N contiguous shards of the rows (several processes, one file
 each); --resume skips prompts whose ids are already in the output (nothing lost or repeated).
@@ -195,7 +197,8 @@ class Scorer:
 
 
 def select(messages, answers, totals, outcome, a) -> tuple[list[dict], dict | None, str | None]:
-    """The kept rows, the pair, or why the prompt was skipped."""
+    """The kept rows, the pair, or why the prompt was skipped. As in ms-swift's output, a kept answer
+    scoring more than --pair_min_margin above the worst carries the worst as `rejected_response`."""
     if a.easy_query_threshold is not None and outcome:
         solved = sum(1 for o in outcome if o >= 1.0) / len(outcome)
         if solved > a.easy_query_threshold:
@@ -207,13 +210,14 @@ def select(messages, answers, totals, outcome, a) -> tuple[list[dict], dict | No
     for t, x in scored:  # distinct answers, each with its best score
         best[x] = max(t, best.get(x, -math.inf))
     ranked = sorted(best.items(), key=lambda kv: -kv[1])
-    kept = [{"messages": [*messages, {"role": "assistant", "content": x}], "score": t}
-            for x, t in ranked[:a.n_best_to_keep]]
-    pair = None
-    (chosen, high), (rejected, low) = ranked[0], ranked[-1]
-    if len(ranked) > 1 and high - low > a.pair_min_margin:
-        pair = {"messages": [*messages, {"role": "assistant", "content": chosen}], "rejected_response": rejected,
-                "chosen_score": high, "rejected_score": low}
+    worst, low = ranked[-1]
+    kept = []
+    for x, t in ranked[:a.n_best_to_keep]:
+        row = {"messages": [*messages, {"role": "assistant", "content": x}], "score": t}
+        if t - low > a.pair_min_margin:
+            row["rejected_response"], row["rejected_score"] = worst, low
+        kept.append(row)
+    pair = kept[0] if "rejected_response" in kept[0] else None
     return kept, pair, None
 
 

@@ -150,6 +150,11 @@ class TrainPipeline:
                 callbacks=[JsonlLogCallback(out), ArgsInCheckpointCallback(args_path)], **extra,
             )
         self.trainer = trainer
+        if a.eval_use_evalscope:
+            from swift.eval.callback import BenchmarkCallback
+
+            trainer.add_callback(BenchmarkCallback(trainer, template, a.bench_args, a.training_args.eval_steps,
+                                                   use_hf=a.use_hf, strict=a.strict))
         trainer.template = template
         trainer.generation_rows = val_rows
         if a.generation_max_length:

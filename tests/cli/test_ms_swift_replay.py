@@ -14,6 +14,7 @@ from swift.cli.main import ARGUMENT_CLASSES, _import
 from swift.utils.registry import SwiftError
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "data", "ms_swift_commands.txt")
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "data", "ms_swift_configs")  # the YAML files lines name
 
 
 def corpus() -> list[tuple[str, str, list[str]]]:
@@ -32,7 +33,11 @@ def corpus() -> list[tuple[str, str, list[str]]]:
         line = re.sub(r"<[^>]+>", "127.0.0.1", line)
         tokens = shlex.split(line)
         at = tokens.index("swift")
-        out.append((source, tokens[at + 1], tokens[at + 2:]))
+        argv = tokens[at + 2:]
+        if "--config" in argv:
+            i = argv.index("--config") + 1
+            argv[i] = os.path.join(CONFIGS, os.path.basename(argv[i]))
+        out.append((source, tokens[at + 1], argv))
     return out
 
 

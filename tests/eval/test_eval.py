@@ -45,6 +45,25 @@ def test_gold_answers_of_each_format():
                                                    strict=True)
 
 
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "..", "shared",
+                      "data")
+
+
+@pytest.mark.parametrize("name,file,rows", [("gsm8k", "gsm8k_test.jsonl", 1319), ("math500", "math500_test.jsonl", 500),
+                                            ("cmath", "cmath_dev.jsonl", 600)])
+def test_the_real_benchmark_files_load_whole(name, file, rows):
+    """The public GSM8K test split, MATH-500 and CMATH (the project's shared copies, where present):
+    every row gives a question and a gold answer, and the gold answer scores as correct."""
+    path = os.path.join(SHARED, file)
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is not on this machine")
+    bench, qs, dropped = load_questions(name, args={"local_path": path})
+    assert len(qs) == rows and not dropped
+    assert all(q.gold and q.messages[-1]["content"] for q in qs)
+    for q in qs[:40]:
+        assert score(bench.kind, f"The answer is \\boxed{{{q.gold}}}.", q.gold) == 1.0, q.gold
+
+
 @pytest.mark.parametrize("kind,response,gold,expected", [
     ("math", "48 + 24 = 72, so the answer is \\boxed{72}.", "72", 1.0),
     ("math", "She earned $10.", "10", 1.0),  # the last number

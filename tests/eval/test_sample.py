@@ -52,8 +52,15 @@ def test_kept_answers_and_pairs(sampled):
         assert [r["score"] for r in answers] == sorted((r["score"] for r in answers), reverse=True)
     assert pairs, "a sampling temperature of 1.6 gives some wrong answers"
     for p in pairs:
-        assert p["chosen_score"] == 1.0 and p["rejected_score"] == 0.0
+        assert p["score"] == 1.0 and p["rejected_score"] == 0.0
         assert p["messages"][-1]["content"] == p["solution"] != p["rejected_response"]
+    first = {r["id"]: r for r in reversed(kept)}  # the best row of each prompt
+    assert [p for p in pairs] == [first[p["id"]] for p in pairs]
+    for r in kept:  # ms-swift's layout: a kept row above the worst answer carries it as the rejected one
+        if "rejected_response" in r:
+            assert r["score"] > r["rejected_score"] and r["rejected_response"] != r["messages"][-1]["content"]
+        elif r["score"] > min(x["score"] for x in kept if x["id"] == r["id"]):
+            raise AssertionError(f"a row above a kept worse answer has no rejected_response: {r}")
 
 
 def test_output_trains_with_sft_and_dpo(sampled, tmp_path):
