@@ -2,8 +2,6 @@
 the policy answers each benchmark's questions through an in-process engine on rank 0."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from transformers import TrainerCallback
 
 from swift.utils.logging import get_logger
@@ -11,24 +9,14 @@ from swift.utils.logging import get_logger
 logger = get_logger(__name__)
 
 
-def benchmark_config(generation: dict):
-    """Greedy unless told otherwise; --eval_generation_config's keys on top."""
-    from swift.infer.protocol import RequestConfig
-
-    g = dict(generation)
-    if "max_new_tokens" in g:
-        g.setdefault("max_tokens", g.pop("max_new_tokens"))
-    if g.pop("do_sample", True) is False:
-        g["temperature"] = 0.0
-    return replace(RequestConfig(temperature=0.0), **g), "max_tokens" in g
-
-
 class BenchmarkCallback(TrainerCallback):
     def __init__(self, trainer, template, eval_args, eval_steps: int, use_hf: bool = False, strict: bool = False):
         from swift.eval.benchmarks import load_questions
+        from swift.infer.protocol import RequestConfig
+        from swift.pipelines.eval import with_generation
 
         self.trainer, self.template, self.eval_steps = trainer, template, max(int(eval_steps), 1)
-        self.config, self.explicit = benchmark_config(eval_args.generation)
+        self.config, self.explicit = with_generation(RequestConfig(temperature=0.0), eval_args.generation)  # greedy
         self.benchmarks = {name: load_questions(name, args=eval_args.dataset_args.get(name), use_hf=use_hf,
                                                 limit=eval_args.eval_limit, strict=strict)[:2]
                            for name in eval_args.eval_dataset}  # read before training starts: bad input stops it

@@ -43,6 +43,7 @@ class ClientEngine(InferEngine):
         if model and model not in served:
             raise SwiftError(f"{self.flag} {url} serves {', '.join(served)}, not {model!r} (--model)")
         self.model = model or served[0]
+        self.omit_max_tokens = False  # True: leave max_tokens out, so the server's default applies (the rest of the context)
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         data = json.dumps(body).encode() if body is not None else None
@@ -67,8 +68,9 @@ class ClientEngine(InferEngine):
         raise SwiftError(f"{self.flag}: the server tokenizes; there is no local tokenizer")
 
     def _body(self, request: InferRequest, config: RequestConfig) -> tuple[str, dict]:
-        body = {"model": self.model, "max_tokens": config.max_tokens, "temperature": config.temperature,
-                "top_p": config.top_p, "n": config.n}
+        body = {"model": self.model, "temperature": config.temperature, "top_p": config.top_p, "n": config.n}
+        if not self.omit_max_tokens:
+            body["max_tokens"] = config.max_tokens
         if config.seed is not None:
             body["seed"] = config.seed
         if config.stop:

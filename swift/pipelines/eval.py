@@ -99,10 +99,9 @@ class EvalArguments(ComposedArguments):
     }
 
 
-def request_config(a: EvalArguments):
-    """--temperature/--max_new_tokens/... with --eval_generation_config's keys on top."""
-    config = a.generation_args.request_config()
-    g = dict(a.eval_args.generation)
+def with_generation(config, generation: dict):
+    """`config` with an `--eval_generation_config` mapping on top; also whether it set the length."""
+    g = dict(generation)
     if "max_new_tokens" in g:
         g.setdefault("max_tokens", g.pop("max_new_tokens"))
     if g.pop("do_sample", True) is False:
@@ -110,11 +109,15 @@ def request_config(a: EvalArguments):
     if isinstance(g.get("stop"), str):
         g["stop"] = [g["stop"]]
     try:
-        config = replace(config, **g)
+        return replace(config, **g), "max_tokens" in g
     except (TypeError, ValueError, SwiftError) as e:
         raise SwiftError(f"--eval_generation_config: {e}") from None
-    explicit = "max_tokens" in g or a.max_new_tokens is not None
-    return config, explicit
+
+
+def request_config(a: EvalArguments):
+    """--temperature/--max_new_tokens/... with --eval_generation_config's keys on top."""
+    config, explicit = with_generation(a.generation_args.request_config(), a.eval_args.generation)
+    return config, explicit or a.max_new_tokens is not None
 
 
 def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit=None) -> list:
@@ -176,6 +179,8 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
 
     config, explicit = request_config(a)
     fit = None if a.eval_url else (lambda r, c: fit_to_context(engine, r, c, None))
+    if a.eval_url:  # no length given: the server's default (swift deploy, vLLM: the rest of the context)
+        engine.omit_max_tokens = not explicit
     results = {}
     for name, (bench, questions, dropped) in benchmarks.items():
         requests = [InferRequest(messages=q.messages, adapter=adapter) for q in questions]

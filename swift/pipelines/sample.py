@@ -269,6 +269,8 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
     if a.num_sampling_batches is not None:
         todo = todo[:a.num_sampling_batches * a.num_sampling_batch_size]
     engine, adapter = build_sample_engine(a)
+    if a.sampler_engine == "client":  # no --max_new_tokens: the server's default length
+        engine.omit_max_tokens = a.max_new_tokens is None
     scorer = Scorer(a)
     config = a.generation_args.request_config()
     from dataclasses import replace

@@ -134,12 +134,16 @@ def test_eval_of_the_quickstart_model_in_process_and_through_eval_url(tmp_path, 
     assert report["generation"]["temperature"] == 0.0 and report["config"]["eval_limit"] == 60
     with deploy("--model", model, "--served_model_name", "qs") as base:
         proc = swift("eval", "--eval_url", base + "/v1", *argv, "--eval_output_dir", str(tmp_path / "url"))
+        # no length given: the server's default (the rest of the context), not a 1-token answer
+        unbounded = swift("eval", "--eval_url", base + "/v1", *argv[:4], "--eval_output_dir", str(tmp_path / "url2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     remote, path = report_of(tmp_path / "url")
     with open(os.path.join(path, "arith.jsonl")) as f:
         remote_rows = [json.loads(line) for line in f]
     assert [r["responses"] for r in remote_rows] == [r["responses"] for r in rows]
     assert remote["results"]["arith"]["acc"] == result["acc"] and remote["eval_url"] == base + "/v1"
+    assert unbounded.returncode == 0, unbounded.stderr[-3000:]
+    assert report_of(tmp_path / "url2")[0]["results"]["arith"]["acc"] == result["acc"]
 
 
 def test_pass_at_k_from_sampled_answers(tmp_path, quickstart):

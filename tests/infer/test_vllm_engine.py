@@ -41,6 +41,21 @@ def test_greedy_tokens_match_the_built_in_engine(engines):
         assert a.choices[0].logprobs[0].logprob == pytest.approx(b.choices[0].logprobs[0].logprob, abs=1e-2)
 
 
+def test_prompt_logprobs_and_max_tokens_zero_match_the_built_in_engine(engines):
+    """What `/v1/completions` with `echo` and `max_tokens: 0` asks of an engine (lm-eval's scoring)."""
+    vllm_engine, hf_engine = engines
+    config = RequestConfig(max_tokens=0, prompt_logprobs=2, temperature=0.0)
+    requests = [InferRequest(prompt=p) for p in PROMPTS]
+    ours, reference = vllm_engine.infer(requests, config), hf_engine.infer(requests, config)
+    for a, b in zip(ours, reference):
+        assert [c.token_ids for c in a.choices] == [[]] and a.completion_tokens == 0
+        assert [t.token_id for t in a.prompt_logprobs] == [t.token_id for t in b.prompt_logprobs]
+        assert a.prompt_logprobs[0].logprob is None and b.prompt_logprobs[0].logprob is None
+        assert [t.logprob for t in a.prompt_logprobs[1:]] == pytest.approx([t.logprob for t in b.prompt_logprobs[1:]],
+                                                                          abs=1e-2)
+        assert all(len(t.top_logprobs) == 2 for t in a.prompt_logprobs[1:])
+
+
 def test_sampling_n_seed_and_stream(engines):
     vllm_engine, _ = engines
     config = RequestConfig(max_tokens=6, temperature=1.0, n=3, seed=5)
