@@ -150,8 +150,6 @@ REASONS: dict[str, tuple[str, ...]] = {
          "commit_message"),
     "MCTS and distill caches are not implemented; an interrupted `swift sample` continues with --resume":
         ("cache_files",),
-    "Ray-based sampling over device groups is not implemented; shard `swift sample` across processes with --data_range":
-        ("use_ray", "device_groups", "ray_exp_name"),
 }
 
 REFUSED: dict[str, str] = {flag: reason for reason, flags in REASONS.items() for flag in flags}
