@@ -58,8 +58,12 @@ def _cmath(row: dict) -> tuple[str, str]:
     return row["question"] if "question" in row else row["input"], str(row["golden"])  # XiaoMi's files: input
 
 
-def _qa(row: dict) -> tuple[str, str]:
-    return row["query"], str(row["response"])
+def _qa(row: dict) -> tuple[str, str]:  # EvalScope's general_qa also names them question / answer
+    question = row.get("query", row.get("question"))
+    answer = row.get("response", row.get("answer"))
+    if question is None or answer is None:
+        raise ValueError("general_qa rows need 'query' (or 'question') and 'response' (or 'answer')")
+    return question, str(answer)
 
 
 def _arith(row: dict) -> tuple[str, str]:
@@ -83,9 +87,9 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("gsm8k", "math", ("AI-ModelScope/gsm8k", "openai/gsm8k"), "main", "test", _gsm8k, MATH_PROMPT),
     Benchmark("math500", "math", ("AI-ModelScope/MATH-500", "HuggingFaceH4/MATH-500"), None, "test", _math500,
               MATH_PROMPT),
-    Benchmark("cmath", "math", ("swift/cmath", "weitianwen/cmath"), None, "test", _cmath, MATH_PROMPT),
+    Benchmark("cmath", "math", ("evalscope/cmath", "weitianwen/cmath"), None, "test", _cmath, MATH_PROMPT),
     Benchmark("arith", "math", None, None, "eval", _arith),
-    Benchmark("general_qa", "qa", None, None, "", _qa),
+    Benchmark("general_qa", "qa", None, None, "test", _qa),
     Benchmark("general_mcq", "mcq", None, None, "val", _mcq),
 ]}
 ALIASES = {"math_500": "math500"}
@@ -214,7 +218,7 @@ def _guess(path: str) -> Benchmark:
 
 
 # -- scoring -----------------------------------------------------------------------------------------
-LETTER = re.compile(r"ANSWER\s*[:：]\s*\(?([A-J])\b|answer is\s*\(?([A-J])\b|^\(?([A-J])[).:\s]|^\(?([A-J])\)?$",
+LETTER = re.compile(r"(?:ANSWER|答案)\s*[:：]\s*\(?([A-J])\b|answer is\s*\(?([A-J])\b|^\(?([A-J])[).:\s]|^\(?([A-J])\)?$",
                     re.IGNORECASE | re.MULTILINE)
 
 

@@ -58,7 +58,9 @@ class BenchmarkCallback(TrainerCallback):
                                      fit=lambda r, c: fit_to_context(engine, r, c, None))
                 scores = [[0.0] * self.config.n if isinstance(r, Exception) else
                           [score(bench.kind, c.text, q.gold) for c in r.choices] for q, r in zip(questions, responses)]
-                metrics.update({f"eval_{name}_{k}": v for k, v in summarize(scores).items()})
+                # ms-swift's names: test_<benchmark> (accuracy), then test_<benchmark>_pass@k ...
+                metrics.update({f"test_{name}" if k == "acc" else f"test_{name}_{k}": v
+                                for k, v in summarize(scores).items()})
         finally:
             engine.close()
             model.train(training)

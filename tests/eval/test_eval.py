@@ -33,7 +33,7 @@ def test_gold_answers_of_each_format():
     assert qs[1].messages == [{"role": "system", "content": "Answer in one word."},
                               {"role": "user", "content": "What is the capital of Spain?"},
                               {"role": "assistant", "content": "Madrid"}, {"role": "user", "content": "And of Italy?"}]
-    assert len(dropped) == 1 and "missing column 'response'" in dropped[0]
+    assert len(dropped) == 1 and "need 'query' (or 'question') and 'response'" in dropped[0]
     bench, qs, _ = local("general_mcq", "mcq", subset_list=["example"])
     assert bench.kind == "mcq" and [q.gold for q in qs] == ["B", "B", "C"]
     assert "A) Venus\nB) Mercury\nC) Earth\nD) Mars" in qs[0].messages[-1]["content"]
@@ -171,7 +171,17 @@ def test_pass_at_k_from_sampled_answers(tmp_path, quickstart):
     (["--eval_dataset", "general_qa"], "--eval_dataset general_qa needs a file"),
     (["--eval_dataset", "arith", "--eval_backend", "OpenCompass"], "--eval_backend OpenCompass is an ms-swift backend"),
 ])
-def test_bad_input_is_one_line(tmp_path, argv, message):
-    proc = swift("eval", "--model", "builtin:tiny-chat", *argv, "--eval_output_dir", str(tmp_path))
-    assert proc.returncode != 0
-    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+def test_bad_input_stops_before_any_model_loads(tmp_path, argv, message):
+    """Through eval_main, as the CLI calls it; nothing is written (no report directory)."""
+    from swift.pipelines.eval import eval_main
+
+    with pytest.raises(SwiftError) as e:
+        eval_main(["--model", "builtin:tiny-chat", *argv, "--eval_output_dir", str(tmp_path / "out")])
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_cli_prints_one_line(tmp_path):
+    proc = swift("eval", "--model", "builtin:tiny-chat", "--eval_dataset", "mmlu_pro")
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "not a known benchmark" in proc.stderr

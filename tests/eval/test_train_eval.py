@@ -22,7 +22,7 @@ def swift(*argv: str) -> subprocess.CompletedProcess:
 
 def logged(out) -> list[dict]:
     with open(os.path.join(out, "logging.jsonl")) as f:
-        return [r for r in map(json.loads, f) if "eval_arith_acc" in r]
+        return [r for r in map(json.loads, f) if "test_arith" in r]
 
 
 def test_sft_scores_benchmarks_while_training(tmp_path, quickstart):
@@ -33,13 +33,13 @@ def test_sft_scores_benchmarks_while_training(tmp_path, quickstart):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = logged(out)
     assert [r["global_step"] for r in rows] == [2, 4]
-    assert os.path.exists(out / "images" / "eval_arith_acc.png") and os.listdir(out / "runs")
+    assert os.path.exists(out / "images" / "test_arith.png") and os.listdir(out / "runs")
     final = swift("eval", "--model", str(out), "--eval_dataset", "arith", "--eval_limit", "40",
                   "--eval_generation_config", '{"max_tokens": 6}', "--eval_output_dir", str(tmp_path / "eval"))
     assert final.returncode == 0, final.stderr[-3000:]
     (run,) = os.listdir(tmp_path / "eval")
     with open(tmp_path / "eval" / run / "report.json") as f:
-        assert json.load(f)["results"]["arith"]["acc"] == pytest.approx(rows[-1]["eval_arith_acc"])
+        assert json.load(f)["results"]["arith"]["acc"] == pytest.approx(rows[-1]["test_arith"])
 
 
 def test_dpo_logs_benchmarks(tmp_path, quickstart):
