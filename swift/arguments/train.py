@@ -157,7 +157,7 @@ class SftArguments(ComposedArguments):
             raise SwiftError("--quant_bits with ZeRO-3 is not supported (its weights cannot be partitioned); use zero2")
         if self.eval_use_evalscope and (self.task_type != "causal_lm" or zero3(self.training_args)
                                         or self.training_args.fsdp):
-            raise SwiftError("--eval_use_evalscope generates with the model on rank 0: it needs a causal_lm "
+            raise SwiftError("--eval_use_evalscope generates with the model on every rank: it needs a causal_lm "
                              "whose weights are whole on each rank (not ZeRO-3 or FSDP)")
         if self.task_type == "seq_cls" and (self.packing or self.padding_free):
             raise SwiftError("--packing is for causal_lm; seq_cls samples are scored one per row")

@@ -5,7 +5,8 @@ its gold answer lives and how an answer is scored.
   math-verify (the last `\\boxed{}` or number of the response, or its `<answer>`).
 - arith: the built-in arithmetic eval split (`builtin:arith-sft:eval`), compared like math.
 - general_qa (jsonl: query, response[, system, history]): exact match after trimming whitespace.
-- general_mcq (csv: question, A, B, C, D, answer): the first option letter of the response.
+- general_mcq (csv: question, A, B, C, D, answer): the option letter of the response's last
+  `ANSWER: X` line, else its last 'answer is X', else a letter opening its last line.
 """
 from __future__ import annotations
 
@@ -66,14 +67,16 @@ def _qa(row: dict) -> tuple[str, str]:  # EvalScope's general_qa also names them
     return question, str(answer)
 
 
-def _arith(row: dict) -> tuple[str, str]:
-    user = next(m["content"] for m in row["messages"] if m["role"] == "user")
-    gold = next(m["content"] for m in reversed(row["messages"]) if m["role"] == "assistant")
+def _arith(row: dict) -> tuple[str, str]:  # messages rows: the first user turn, the last assistant turn
+    user = next((m["content"] for m in row["messages"] if m["role"] == "user"), None)
+    gold = next((m["content"] for m in reversed(row["messages"]) if m["role"] == "assistant"), None)
+    if user is None or gold is None:
+        raise ValueError("'messages' needs a user turn and an assistant turn (the gold answer)")
     return user, gold
 
 
 def _mcq(row: dict) -> tuple[str, str]:
-    letters = [k for k in "ABCDEFGHIJ" if row.get(k) not in (None, "")]
+    letters = _letters(row)
     if len(letters) < 2:
         raise ValueError("needs option columns A, B, ...")
     gold = str(row["answer"]).strip().upper()
@@ -81,6 +84,10 @@ def _mcq(row: dict) -> tuple[str, str]:
         raise ValueError(f"'answer' {row['answer']!r} is not one of the options {', '.join(letters)}")
     options = "\n".join(f"{k}) {row[k]}" for k in letters)
     return MCQ_PROMPT.format(letters=", ".join(letters), question=row["question"], options=options), gold
+
+
+def _letters(row: dict) -> list[str]:
+    return [k for k in OPTION_LETTERS if row.get(k) not in (None, "")]
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
@@ -192,7 +199,9 @@ def load_questions(name: str, *, args: dict | None = None, use_hf: bool = False,
                 raise SwiftError(f"{line} (fix the row, or run with --strict false to drop bad rows)") from None
             dropped.append(line)
             continue
-        questions.append(Question(id=f"{bench.name}/{len(questions)}", messages=messages, gold=gold, origin=origin))
+        extra = {"letters": "".join(_letters(row))} if bench.kind == "mcq" else {}
+        questions.append(Question(id=f"{bench.name}/{len(questions)}", messages=messages, gold=gold, origin=origin,
+                                  extra=extra))
     if not questions:
         raise SwiftError(f"--eval_dataset {name}: no usable rows" + (f" ({dropped[0]})" if dropped else ""))
     return bench, questions, dropped
@@ -201,6 +210,8 @@ def load_questions(name: str, *, args: dict | None = None, use_hf: bool = False,
 def _history(row: dict) -> list[dict]:
     messages = []
     for turn in row.get("history") or []:  # general_qa: [[query, response], ...]
+        if not isinstance(turn, (list, tuple)) or len(turn) != 2:
+            raise ValueError(f"'history' turns are [query, response] pairs, got {turn!r}")
         messages += [{"role": "user", "content": str(turn[0])}, {"role": "assistant", "content": str(turn[1])}]
     return messages
 
@@ -218,16 +229,29 @@ def _guess(path: str) -> Benchmark:
 
 
 # -- scoring -----------------------------------------------------------------------------------------
-LETTER = re.compile(r"(?:ANSWER|答案)\s*[:：]\s*\(?([A-J])\b|answer is\s*\(?([A-J])\b|^\(?([A-J])[).:\s]|^\(?([A-J])\)?$",
-                    re.IGNORECASE | re.MULTILINE)
+OPTION_LETTERS = "ABCDEFGHIJ"
+# in order of trust: the asked-for 'ANSWER: X' line (its letter in either case), 'the answer is X',
+# then a bare option letter opening the last line ('B', '(B)', 'B) Mercury', 'B.')
+EXPLICIT = re.compile(r"(?i:answer|答案)\s*[:：]\s*\(?([A-Ja-j])\b")
+STATED = re.compile(r"(?i:answer is)\s*\(?([A-J])\b")
+LEADING = re.compile(r"^\(?([A-J])(?:[).:]|\)?$|\s)")
 
 
-def extract(kind: str, response: str) -> str:
+def _mcq_letter(response: str, letters: str) -> str:
+    for pattern in (EXPLICIT, STATED):
+        found = [m.upper() for m in pattern.findall(response) if m.upper() in letters]
+        if found:
+            return found[-1]
+    lines = [line.strip() for line in response.strip().splitlines() if line.strip()]
+    match = LEADING.match(lines[-1]) if lines else None
+    return match.group(1) if match and match.group(1) in letters else ""
+
+
+def extract(kind: str, response: str, letters: str = OPTION_LETTERS) -> str:
     """The answer `score` compares: for math the last boxed value / number (math-verify), for MCQ
-    the option letter, for QA the trimmed response."""
+    the option letter (one of `letters`, the question's options), for QA the trimmed response."""
     if kind == "mcq":
-        match = LETTER.search(response.strip())
-        return next((g for g in match.groups() if g), "").upper() if match else ""
+        return _mcq_letter(response, letters)
     if kind == "math":
         from math_verify import parse
 
@@ -239,12 +263,12 @@ def extract(kind: str, response: str) -> str:
     return response.strip()
 
 
-def score(kind: str, response: str, gold: str) -> float:
+def score(kind: str, response: str, gold: str, letters: str = OPTION_LETTERS) -> float:
     if kind == "math":
         from swift.rewards.builtin import is_correct
 
         # a LaTeX gold answer (MATH's `answer`) is parsed as math only between $ signs
         return is_correct(response, gold if re.fullmatch(r"-?[\d.,/]+", gold.strip()) else f"${gold}$")
     if kind == "mcq":
-        return float(extract(kind, response) == gold.strip().upper())
+        return float(extract(kind, response, letters) == gold.strip().upper())
     return float(" ".join(response.split()) == " ".join(gold.split()))

@@ -1,6 +1,12 @@
 """Benchmarks scored during training (`--eval_use_evalscope`): at every eval step and at the end,
-the policy answers each benchmark's questions through an in-process engine on rank 0."""
+the policy answers each benchmark's questions through an in-process engine, each rank a share of
+them (so no rank idles past the process group's timeout while another generates), and the scores
+are gathered."""
 from __future__ import annotations
+
+import math
+
+from dataclasses import replace
 
 from transformers import TrainerCallback
 
@@ -15,15 +21,21 @@ class BenchmarkCallback(TrainerCallback):
         from swift.infer.protocol import RequestConfig
         from swift.pipelines.eval import with_generation
 
-        self.trainer, self.template, self.eval_steps = trainer, template, max(int(eval_steps), 1)
-        self.config, self.explicit = with_generation(RequestConfig(temperature=0.0), eval_args.generation)  # greedy
+        self.trainer, self.template, self.eval_steps = trainer, template, eval_steps
+        # greedy; without a length, at most 512 new tokens (within the model's context)
+        self.config, explicit = with_generation(RequestConfig(temperature=0.0), eval_args.generation)
+        self.max_tokens = self.config.max_tokens if explicit else 512
         self.benchmarks = {name: load_questions(name, args=eval_args.dataset_args.get(name), use_hf=use_hf,
                                                 limit=eval_args.eval_limit, strict=strict)[:2]
                            for name in eval_args.eval_dataset}  # read before training starts: bad input stops it
         self._done_at = None
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        steps = self.eval_steps or 1  # HF's convention: below 1, a fraction of the run's steps
+        self.every = max(math.ceil(steps * state.max_steps) if steps < 1 else int(steps), 1)
+
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
+        if state.global_step % self.every == 0 or state.global_step >= state.max_steps:
             self.run(state.global_step)
 
     def run(self, step: int) -> dict[str, float]:
@@ -31,11 +43,8 @@ class BenchmarkCallback(TrainerCallback):
             return {}
         self._done_at = step
         trainer = self.trainer
-        metrics = {}
-        if trainer.accelerator.is_main_process:
-            metrics = self.score(trainer.accelerator.unwrap_model(trainer.model))
-            trainer.log(metrics)
-        trainer.accelerator.wait_for_everyone()
+        metrics = self.score(trainer.accelerator.unwrap_model(trainer.model))
+        trainer.log(metrics)
         return metrics
 
     def score(self, model) -> dict[str, float]:
@@ -46,18 +55,31 @@ class BenchmarkCallback(TrainerCallback):
         from swift.pipelines.eval import generate
         from swift.pipelines.infer import fit_to_context
 
+        accelerator = self.trainer.accelerator
+        rank, world = accelerator.process_index, accelerator.num_processes
         training = model.training
         adapter = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
         engine = TransformersEngine(model, self.template.tokenizer, self.template, default_adapter=adapter,
                                     max_batch_size=32)
+
+        def fit(request, config):  # the rest of the context, at most max_tokens
+            request, fitted = fit_to_context(engine, request, config, None)
+            return request, replace(fitted, max_tokens=min(fitted.max_tokens, self.max_tokens))
+
         metrics = {}
         try:
             for name, (bench, questions) in self.benchmarks.items():
-                requests = [InferRequest(messages=q.messages) for q in questions]
-                responses = generate(engine, requests, self.config, self.explicit, desc=f"benchmark {name}",
-                                     fit=lambda r, c: fit_to_context(engine, r, c, None))
-                scores = [[0.0] * self.config.n if isinstance(r, Exception) else
-                          [score(bench.kind, c.text, q.gold) for c in r.choices] for q, r in zip(questions, responses)]
+                mine = list(range(rank, len(questions), world))  # this rank's share
+                requests = [InferRequest(messages=questions[i].messages) for i in mine]
+                responses = generate(engine, requests, self.config, False, desc=f"benchmark {name}", fit=fit)
+                local = {i: [0.0] * self.config.n if isinstance(r, Exception) else
+                         [score(bench.kind, c.text, questions[i].gold, **questions[i].extra) for c in r.choices]
+                         for i, r in zip(mine, responses)}
+                if world > 1:
+                    from accelerate.utils import gather_object
+
+                    local = {i: v for part in gather_object([local]) for i, v in part.items()}
+                scores = [local[i] for i in range(len(questions))]
                 # ms-swift's names: test_<benchmark> (accuracy), then test_<benchmark>_pass@k ...
                 metrics.update({f"test_{name}" if k == "acc" else f"test_{name}_{k}": v
                                 for k, v in summarize(scores).items()})

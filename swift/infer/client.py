@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.request
 from urllib.parse import urlparse
@@ -32,8 +33,8 @@ class ClientEngine(InferEngine):
         self.tokenizer = self.template = None
         self.max_model_len = 1 << 30  # the server checks lengths
         self._limit = max(int(concurrency), 1)
-        self._semaphore: asyncio.Semaphore | None = None
-        self._loop = None
+        # its own threads: asyncio's default pool would cap requests in flight at min(32, cores + 4)
+        self._pool = ThreadPoolExecutor(max_workers=self._limit, thread_name_prefix="swift-client")
         try:
             served = [m["id"] for m in self._call("GET", "/models")["data"]]
         except SwiftError:
@@ -53,6 +54,8 @@ class ClientEngine(InferEngine):
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read())
+        except json.JSONDecodeError as e:
+            raise SwiftError(f"{self.flag} {self.base}{path}: the answer is not JSON ({e})") from None
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:300]
             try:
@@ -86,20 +89,23 @@ class ClientEngine(InferEngine):
         return "/completions", {**body, "prompt": request.prompt if request.prompt is not None else request.input_ids}
 
     async def infer_async(self, request: InferRequest, config: RequestConfig) -> InferResponse:
-        loop = asyncio.get_running_loop()
-        if self._semaphore is None or self._loop is not loop:
-            self._semaphore, self._loop = asyncio.Semaphore(self._limit), loop
         path, body = self._body(request, config)
-        async with self._semaphore:
-            out = await asyncio.to_thread(self._call, "POST", path, body)
-        choices = []
-        for c in out.get("choices", []):
-            text = c["message"].get("content") or "" if "message" in c else c.get("text", "")
-            choices.append(Choice(index=c.get("index", len(choices)), text=text, token_ids=c.get("token_ids") or [],
-                                  finish_reason=c.get("finish_reason") or "stop"))
-        usage = out.get("usage") or {}
-        return InferResponse(choices=choices, prompt_tokens=usage.get("prompt_tokens", 0),
-                             completion_tokens=usage.get("completion_tokens", 0))
+        out = await asyncio.get_running_loop().run_in_executor(self._pool, self._call, "POST", path, body)
+        try:
+            choices = []
+            for c in out["choices"]:
+                text = c["message"].get("content") or "" if "message" in c else c.get("text", "")
+                choices.append(Choice(index=c.get("index", len(choices)), text=text,
+                                      token_ids=c.get("token_ids") or [], finish_reason=c.get("finish_reason") or "stop"))
+            usage = out.get("usage") or {}
+            return InferResponse(choices=choices, prompt_tokens=usage.get("prompt_tokens", 0),
+                                 completion_tokens=usage.get("completion_tokens", 0))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise SwiftError(f"{self.flag} {self.base}{path}: not an OpenAI completion ({type(e).__name__}: {e})") \
+                from None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def stream_async(self, request: InferRequest, config: RequestConfig):
         raise SwiftError(f"{self.flag}: streaming is not used by this client")

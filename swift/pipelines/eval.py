@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
@@ -132,6 +133,8 @@ def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit
                 return await engine.infer_async(r, c)
             except SwiftError as e:
                 return e
+            except Exception as e:  # one failed request scores 0 and never takes its batch mates down
+                return SwiftError(f"{type(e).__name__}: {e}")
             finally:
                 bar.update()
 
@@ -181,7 +184,7 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
     fit = None if a.eval_url else (lambda r, c: fit_to_context(engine, r, c, None))
     if a.eval_url:  # no length given: the server's default (swift deploy, vLLM: the rest of the context)
         engine.omit_max_tokens = not explicit
-    results = {}
+    results, files = {}, set()
     for name, (bench, questions, dropped) in benchmarks.items():
         requests = [InferRequest(messages=q.messages, adapter=adapter) for q in questions]
         started = time.perf_counter()
@@ -192,12 +195,16 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
             failed = isinstance(response, SwiftError)
             texts = [""] * config.n if failed else [c.text for c in response.choices]
             errors += failed
-            sample_scores = [score(bench.kind, t, q.gold) for t in texts]
+            sample_scores = [score(bench.kind, t, q.gold, **q.extra) for t in texts]
             scores.append(sample_scores)
             rows.append({"id": q.id, "origin": q.origin, "prompt": q.messages, "gold": q.gold,
-                         "responses": texts, "extracted": [extract(bench.kind, t) for t in texts],
+                         "responses": texts, "extracted": [extract(bench.kind, t, **q.extra) for t in texts],
                          "scores": sample_scores, **({"error": str(response)} if failed else {})})
-        write_jsonl(os.path.join(out_dir, f"{_safe(name)}.jsonl"), rows)
+        stem, k = _safe(name), 1
+        while stem in files:  # two files of the same name from different directories
+            stem, k = f"{_safe(name)}-{k}", k + 1
+        files.add(stem)
+        write_jsonl(os.path.join(out_dir, f"{stem}.jsonl"), rows)
         results[name] = {"benchmark": bench.name, "kind": bench.kind, "num_questions": len(questions),
                          "num_samples": config.n, "dropped_rows": len(dropped), "errors": errors,
                          "seconds": round(seconds, 3), **summarize(scores)}
@@ -255,12 +262,18 @@ def bar_chart(results: dict[str, dict], path: str) -> None:
 
 def eval_main(args: EvalArguments | list[str] | None = None) -> dict[str, Any]:
     a = resolve_args(EvalArguments, args, "swift eval")
-    request_config(a)  # a bad generation config stops here, before any model loads
+    config, _ = request_config(a)  # a bad generation config stops here, before any model loads
+    if config.n > 1 and not config.temperature:
+        logger.warning(f"n={config.n} samples per question with temperature 0 are all the same greedy answer: "
+                       "pass@k equals acc (set temperature in --eval_generation_config)")
     benchmarks = load_benchmarks(a)
     engine, adapter = build_eval_engine(a)
     out_dir = new_run_dir(a.eval_output_dir)
     try:
         results = evaluate(engine, a, adapter, benchmarks, out_dir)
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)  # this run's own directory: no report, no half of one
+        raise
     finally:
         engine.close()
     config, _ = request_config(a)

@@ -9,13 +9,15 @@ model already solves in more than --easy_query_threshold of its answers, and wri
 
 - <output_file>: the --n_best_to_keep best distinct answers per prompt, one row each, in ms-swift's
   layout: {"messages": prompt + answer, "rejected_response": the worst answer (on rows that score
-  more than --pair_min_margin above it), "score", "rejected_score", "id", the row's other columns} —
+  more than --pair_min_margin above it), "score", "rejected_score", "row_index", the row's other
+  columns} —
   `swift sft` input (it reads `messages`);
 - <stem>_pairs.jsonl: per prompt only its best row, and only when it has a `rejected_response` —
   `swift rlhf --rlhf_type dpo` input in which every row is a pair.
 
 --data_range I N takes the I-th of N contiguous shards of the rows (several processes, one file
-each); --resume skips prompts whose ids are already in the output (nothing lost or repeated).
+each); --resume skips the prompts <stem>_progress.jsonl records as complete (nothing lost or
+repeated) and refuses to continue files written from other data, seed or shard.
 """
 from __future__ import annotations
 
@@ -97,6 +99,8 @@ class SampleOptions:
         if self.data_range:
             if len(self.data_range) != 2 or not 0 <= self.data_range[0] < self.data_range[1]:
                 raise SwiftError(f"--data_range {' '.join(map(str, self.data_range))}: give I N with 0 <= I < N")
+        if self.orm_model == "math":  # ms-swift's sampling examples name the math-answer outcome reward so
+            self.orm_model = "accuracy"
         if self.easy_query_threshold is not None and not self.orm_model:
             raise SwiftError("--easy_query_threshold counts answers that earn the outcome reward: give --orm_model")
         if self.resume and self.override_exist_file:
@@ -145,14 +149,33 @@ def valid_rows(path: str) -> list[dict]:
     return rows
 
 
-def prepare_resume(path: str, pairs_path: str, skipped_path: str) -> set:
-    """The prompt ids finished before an interruption (all their kept rows are in the output, or
-    they were skipped); the files are rewritten without cut lines, and without pairs of prompts that
-    will be sampled again."""
-    done = {r["id"] for r in valid_rows(path)} | {r["id"] for r in valid_rows(skipped_path)}
-    for p, rows in ((path, valid_rows(path)), (skipped_path, valid_rows(skipped_path)),
-                    (pairs_path, [r for r in valid_rows(pairs_path) if r.get("id") in done])):
+def side_paths(path: str) -> dict[str, str]:
+    stem = path[:-len(".jsonl")]
+    return {"pairs": stem + "_pairs.jsonl", "skipped": stem + "_skipped.jsonl", "progress": stem + "_progress.jsonl"}
+
+
+def fingerprint(a, n_rows: int) -> dict:
+    """What decides which prompt a `row_index` names: a resumed run must agree on all of it."""
+    return {"dataset": list(a.dataset), "seed": a.seed if a.seed is not None else 42,
+            "data_range": list(a.data_range), "rows": n_rows}
+
+
+def prepare_resume(path: str, expected: dict) -> set:
+    """The prompts finished before an interruption: those named in the progress file, which gets a
+    prompt's line only after all its rows, its pair and its skip reason were written. The output
+    files are rewritten without the rows of any other prompt (half-written ones are sampled again)."""
+    side = side_paths(path)
+    records = valid_rows(side["progress"])
+    if not records or records[0].get("fingerprint") is None:
+        raise SwiftError(f"--resume: {side['progress']} is missing, so which prompts of {path} are complete is "
+                         "unknown; --override_exist_file true starts again")
+    if records[0]["fingerprint"] != expected:
+        raise SwiftError(f"--resume: {path} was written from {records[0]['fingerprint']}, this run reads {expected}; "
+                         "give the same --dataset, --seed and --data_range, or another --output_file")
+    done = {r["row_index"] for r in records[1:] if "row_index" in r}
+    for p in (path, side["pairs"], side["skipped"]):
         if os.path.exists(p):
+            rows = [r for r in valid_rows(p) if r.get("row_index") in done]
             with open(p, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     return done
@@ -256,22 +279,26 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
     rows.report("sample dataset")
     indices = list(shard(len(rows), *a.data_range) if a.data_range else range(len(rows)))
     path, pairs_path = output_paths(a)
-    os.makedirs(a.output_dir, exist_ok=True)
-    if os.path.exists(path) and not (a.resume or a.override_exist_file):
-        raise SwiftError(f"{path} exists; --resume continues it, --override_exist_file replaces it")
-    if a.override_exist_file:
-        for p in (path, pairs_path, path[:-len(".jsonl")] + "_skipped.jsonl"):
-            if os.path.exists(p):
-                os.remove(p)
-    skipped_path = path[:-len(".jsonl")] + "_skipped.jsonl"
-    finished = prepare_resume(path, pairs_path, skipped_path) if a.resume else set()
+    side = side_paths(path)
+    skipped_path, progress_path = side["skipped"], side["progress"]
+    existing = [p for p in (path, *side.values()) if os.path.exists(p)]
+    if existing and not (a.resume or a.override_exist_file):
+        raise SwiftError(f"{existing[0]} exists; --resume continues it, --override_exist_file replaces it")
+    expected = fingerprint(a, len(rows))
+    finished = prepare_resume(path, expected) if a.resume and existing else set()
     todo = [i for i in indices if i not in finished]
     if a.num_sampling_batches is not None:
         todo = todo[:a.num_sampling_batches * a.num_sampling_batch_size]
+    scorer = Scorer(a)  # a bad reward name or model stops the run before the engine loads
     engine, adapter = build_sample_engine(a)
     if a.sampler_engine == "client":  # no --max_new_tokens: the server's default length
         engine.omit_max_tokens = a.max_new_tokens is None
-    scorer = Scorer(a)
+    os.makedirs(a.output_dir, exist_ok=True)
+    if a.override_exist_file:
+        for p in existing:
+            os.remove(p)
+    if not finished:
+        append_rows(progress_path, [{"fingerprint": expected}])
     config = a.generation_args.request_config()
     from dataclasses import replace
 
@@ -313,11 +340,12 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
                     totals, outcome = scorer(messages, texts, columns)
                     kept, pair, why = select(messages, texts, totals, outcome, a)
                 extra = {k: v for k, v in columns.items() if k not in ("rejected_response",)}
-                if pair:  # before the kept rows, which mark the prompt done
-                    append_rows(pairs_path, [{**extra, **pair, "id": i}])
-                append_rows(path, [{**extra, **row, "id": i} for row in kept])
-                if why:  # remembered, so --resume does not sample it again
-                    append_rows(skipped_path, [{"id": i, "reason": why}])
+                if pair:
+                    append_rows(pairs_path, [{**extra, **pair, "row_index": i}])
+                append_rows(path, [{**extra, **row, "row_index": i} for row in kept])
+                if why:
+                    append_rows(skipped_path, [{"row_index": i, "reason": why}])
+                append_rows(progress_path, [{"row_index": i}])  # last: the prompt is complete
                 counts["kept"] += len(kept)
                 counts["pairs"] += pair is not None
                 counts["skipped_easy" if why == "easy" else "skipped_other"] += why is not None

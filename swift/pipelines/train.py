@@ -23,7 +23,7 @@ from swift.model.loader import bnb_config, resolve_dtype
 from swift.pipelines.base import resolve_args
 from swift.template import choose_template, get_template
 from swift.trainers.callbacks import ArgsInCheckpointCallback, JsonlLogCallback
-from swift.trainers.fsdp import fsdp_on_cpu, save_whole_model, whole
+from swift.trainers.fsdp import check_fsdp_ran, fsdp_on_cpu, save_whole_model, whole
 from swift.trainers.trainer import SwiftTrainer
 from swift.tuners import prepare_model
 from swift.utils.io import write_json
@@ -149,6 +149,7 @@ class TrainPipeline:
                 data_collator=self.collator(tokenizer, model), processing_class=tokenizer,
                 callbacks=[JsonlLogCallback(out), ArgsInCheckpointCallback(args_path)], **extra,
             )
+        check_fsdp_ran(trainer)
         self.trainer = trainer
         if a.eval_use_evalscope:
             from swift.eval.callback import BenchmarkCallback

@@ -5,16 +5,31 @@ the same switch Accelerate makes for GPU ranks."""
 from __future__ import annotations
 
 import contextlib
+import logging
+
+from swift.utils.registry import SwiftError
+
+logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
 def fsdp_on_cpu(training_args):
-    """Within it, an Accelerator built with an FSDP plugin on several CPU processes shards with FSDP."""
-    if not (training_args.fsdp and training_args.use_cpu and training_args.world_size > 1):
+    """Within it, an Accelerator built with an FSDP plugin on several CPU processes shards with FSDP.
+    Checked after the build (`check_fsdp_ran`): a run asked to shard never trains silently as DDP."""
+    if not (training_args.fsdp and training_args.use_cpu):
         yield
         return
+    if training_args.world_size == 1:
+        logger.info("--fsdp on one CPU process: nothing to shard, the model trains whole")
+        yield
+        return
+    if int((training_args.fsdp_config or {}).get("version", 1)) != 2:
+        raise SwiftError("--fsdp: on CPU ranks only FSDP2 shards (give --fsdp fsdp2, or fsdp_config version 2)")
     from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedType
+
+    if AcceleratorState._shared_state:  # built before (in this process): __init__ would not run again
+        AcceleratorState._reset_state(reset_partial_state=False)
 
     original = AcceleratorState.__init__
 
@@ -33,6 +48,14 @@ def fsdp_on_cpu(training_args):
         AcceleratorState.__init__ = original
 
 
+def check_fsdp_ran(trainer) -> None:
+    """One line, before any step, if `--fsdp` was asked for on several ranks but the run would be DDP."""
+    args = trainer.args
+    if args.fsdp and args.world_size > 1 and not getattr(trainer, "is_fsdp_enabled", False):
+        raise SwiftError(f"--fsdp: the trainer was built without FSDP "
+                         f"(distributed type {trainer.accelerator.distributed_type}); not training unsharded")
+
+
 def save_whole_model(trainer, output_dir: str) -> None:
     """With FSDP's sharded state dicts (the fsdp2 preset) HF's `save_model` writes no weights at the
     end of a run (its checkpoints hold the shards, for resuming); gather them so the output
@@ -41,12 +64,11 @@ def save_whole_model(trainer, output_dir: str) -> None:
         return
     if "FULL_STATE_DICT" in str(trainer.accelerator.state.fsdp_plugin.state_dict_type):
         return  # HF saved it whole already
-    gathered: dict[int, object] = {}  # one gathered tensor per parameter, so tied weights stay tied
-    state_dict = {}
-    for name, t in trainer.model.state_dict(keep_vars=True).items():  # every rank takes part in each gather
-        if id(t) not in gathered:
-            gathered[id(t)] = whole(t.detach())
-        state_dict[name] = gathered[id(t)]
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # every rank takes part in each gather; each whole tensor goes to rank 0's CPU memory and only there
+    state_dict = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True,
+                                                                                cpu_offload=True))
     if trainer.args.should_save:
         trainer._save(output_dir, state_dict=state_dict)
 

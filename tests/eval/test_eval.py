@@ -78,6 +78,12 @@ def test_the_real_benchmark_files_load_whole(name, file, rows):
     ("mcq", "B) Mercury", "B", 1.0),
     ("mcq", "The answer is (C).", "B", 0.0),
     ("mcq", "I am not sure.", "B", 0.0),
+    ("mcq", "I think the answer is B", "B", 1.0),  # not the 'I' opening the line
+    ("mcq", "A is wrong and so is C.\nANSWER: D", "D", 1.0),  # not the letters opening earlier lines
+    ("mcq", "ANSWER: A\nOn reflection, no.\nANSWER: C", "C", 1.0),  # the last answer line
+    ("mcq", "(B)", "B", 1.0),
+    ("mcq", "B.", "B", 1.0),
+    ("mcq", "a) is my guess", "A", 0.0),  # a bare lower-case letter is a word, not an option
 ])
 def test_scores_of_hand_labelled_answers(kind, response, gold, expected):
     assert score(kind, response, gold) == expected
@@ -85,6 +91,8 @@ def test_scores_of_hand_labelled_answers(kind, response, gold, expected):
 
 def test_extracted_answers():
     assert extract("mcq", "ANSWER: d") == "D"
+    assert extract("mcq", "ANSWER: E", letters="ABCD") == ""  # not one of the question's options
+    assert extract("mcq", "E) maybe\nthe answer is C", letters="ABCDE") == "C"
     assert extract("math", "so \\boxed{72}") == "72"
     assert extract("qa", " Rome ") == "Rome"
 

@@ -41,25 +41,25 @@ def test_kept_answers_and_pairs(sampled):
 
     _, path = sampled
     kept, pairs = rows_of(path / "sample.jsonl"), rows_of(path / "sample_pairs.jsonl")
-    per_prompt = Counter(r["id"] for r in kept)
+    per_prompt = Counter(r["row_index"] for r in kept)
     assert set(per_prompt) == set(range(24)) and max(per_prompt.values()) <= 3
     for r in kept:
         answer = r["messages"][-1]["content"]
         assert r["messages"][-1]["role"] == "assistant" and r["score"] == is_correct(answer, r["solution"])
     for i in per_prompt:  # distinct answers, best first
-        answers = [r for r in kept if r["id"] == i]
+        answers = [r for r in kept if r["row_index"] == i]
         assert len({r["messages"][-1]["content"] for r in answers}) == len(answers)
         assert [r["score"] for r in answers] == sorted((r["score"] for r in answers), reverse=True)
     assert pairs, "a sampling temperature of 1.6 gives some wrong answers"
     for p in pairs:
         assert p["score"] == 1.0 and p["rejected_score"] == 0.0
         assert p["messages"][-1]["content"] == p["solution"] != p["rejected_response"]
-    first = {r["id"]: r for r in reversed(kept)}  # the best row of each prompt
-    assert [p for p in pairs] == [first[p["id"]] for p in pairs]
+    first = {r["row_index"]: r for r in reversed(kept)}  # the best row of each prompt
+    assert [p for p in pairs] == [first[p["row_index"]] for p in pairs]
     for r in kept:  # ms-swift's layout: a kept row above the worst answer carries it as the rejected one
         if "rejected_response" in r:
             assert r["score"] > r["rejected_score"] and r["rejected_response"] != r["messages"][-1]["content"]
-        elif r["score"] > min(x["score"] for x in kept if x["id"] == r["id"]):
+        elif r["score"] > min(x["score"] for x in kept if x["row_index"] == r["row_index"]):
             raise AssertionError(f"a row above a kept worse answer has no rejected_response: {r}")
 
 
@@ -76,29 +76,38 @@ def test_output_trains_with_sft_and_dpo(sampled, tmp_path):
 
 
 def test_shards_and_resume_lose_and_repeat_nothing(sampled, tmp_path):
-    """Two --data_range shards cover the rows once; a shard interrupted mid-write and resumed ends
-    with every prompt exactly once (same rows as an uninterrupted shard: the sampling seed is per request)."""
+    """Two --data_range shards cover the rows once; a shard interrupted in the middle of a prompt's
+    rows and resumed ends with every prompt exactly once (the same rows as an uninterrupted shard:
+    the sampling seed is per request); a resume with other data or seed is refused."""
     model, whole = sampled
     argv = ["sample", "--model", model, *SAMPLE, "--output_dir", str(tmp_path)]
     for shard in ("0", "1"):
         proc = swift(*argv, "--data_range", shard, "2")
         assert proc.returncode == 0, proc.stderr[-3000:]
     shards = [rows_of(tmp_path / f"sample_{i}_of_2.jsonl") for i in (0, 1)]
-    ids = [{r["id"] for r in s} for s in shards]
+    ids = [{r["row_index"] for r in s} for s in shards]
     assert ids[0] == set(range(12)) and ids[1] == set(range(12, 24))
-    first, first_pairs = shards[0], rows_of(tmp_path / "sample_0_of_2_pairs.jsonl")
-    # interrupt while writing prompt 5: the rows of prompts 0-4, half a line of prompt 5, and the pairs
-    # up to prompt 5's (written before its rows)
     path, pairs = tmp_path / "sample_0_of_2.jsonl", tmp_path / "sample_0_of_2_pairs.jsonl"
+    progress = tmp_path / "sample_0_of_2_progress.jsonl"
+    first, first_pairs, records = shards[0], rows_of(pairs), rows_of(progress)
+    # interrupted while writing the rows of a prompt with several: its first row whole, half of its
+    # second, its pair written, no progress record for it
+    counts = Counter(r["row_index"] for r in first)
+    victim = next(i for i in range(1, 12) if counts[i] >= 2)
     lines = path.read_text().splitlines(keepends=True)
-    cut = next(k for k, line in enumerate(lines) if json.loads(line)["id"] == 5)
+    cut = next(k for k, line in enumerate(lines) if json.loads(line)["row_index"] == victim) + 1
     path.write_text("".join(lines[:cut]) + lines[cut][:20])
-    pairs.write_text("".join(json.dumps(p) + "\n" for p in first_pairs if p["id"] <= 5))
+    pairs.write_text("".join(json.dumps(p) + "\n" for p in first_pairs if p["row_index"] <= victim))
+    progress.write_text("".join(json.dumps(r) + "\n" for r in records if r.get("row_index", -1) < victim))
     refused = swift(*argv, "--data_range", "0", "2")
     assert refused.returncode != 0 and "--resume continues it" in refused.stderr
+    other_seed = [*argv[:-2], "--seed", "4", *argv[-2:]]
+    refused = swift(*other_seed, "--data_range", "0", "2", "--resume", "true")
+    assert refused.returncode != 0 and "give the same --dataset, --seed and --data_range" in refused.stderr
     proc = swift(*argv, "--data_range", "0", "2", "--resume", "true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert rows_of(path) == first and rows_of(pairs) == first_pairs  # every line whole, none lost or repeated
+    assert rows_of(progress) == records
 
 
 def test_scoring_a_dataset_with_a_reward_model(tmp_path):

@@ -43,18 +43,42 @@ def test_sft_scores_benchmarks_while_training(tmp_path, quickstart):
 
 
 def test_dpo_logs_benchmarks(tmp_path, quickstart):
+    """--eval_steps 0.5: HF's fraction of the run's steps."""
     _, qs = quickstart
     proc = swift("rlhf", "--rlhf_type", "dpo", "--model", os.path.join(qs, "sft"), "--dataset",
-                 "builtin:arith-dpo#32", *COMMON, *BENCH, "--report_to", "none", "--output_dir", str(tmp_path))
+                 "builtin:arith-dpo#32", *COMMON, *BENCH[:-1], "0.5", "--report_to", "none",
+                 "--output_dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["global_step"] for r in logged(tmp_path)] == [2, 4]
+
+
+def test_two_ranks_share_the_questions(tmp_path, quickstart):
+    """DDP on 2 ranks: each answers half of 41 questions; the gathered score is the saved model's."""
+    from tests.deploy.serving import free_port
+
+    _, qs = quickstart
+    out = tmp_path / "sft"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port())}
+    bench = [*BENCH[:4], "--eval_limit", "41", *BENCH[6:]]
+    proc = subprocess.run([sys.executable, "-m", "swift", "sft", "--model", os.path.join(qs, "sft"), "--tuner_type",
+                           "full", "--dataset", "builtin:arith-sft#64", COMMON[0], "2", *COMMON[2:], *bench,
+                           "--report_to", "none", "--output_dir", str(out)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = logged(out)
+    final = swift("eval", "--model", str(out), "--eval_dataset", "arith", "--eval_limit", "41",
+                  "--eval_generation_config", '{"max_tokens": 6}', "--eval_output_dir", str(tmp_path / "eval"))
+    assert final.returncode == 0, final.stderr[-3000:]
+    (run,) = os.listdir(tmp_path / "eval")
+    with open(tmp_path / "eval" / run / "report.json") as f:
+        assert json.load(f)["results"]["arith"]["acc"] == pytest.approx(row["test_arith"])
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--eval_dataset", "arith"], "--eval_dataset names benchmarks scored during training and needs --eval_use_evalscope"),
     (["--eval_use_evalscope", "true"], "--eval_use_evalscope needs --eval_dataset"),
     (["--eval_use_evalscope", "true", "--eval_dataset", "arith", "--deepspeed", "zero3"],
-     "--eval_use_evalscope generates with the model on rank 0"),
+     "--eval_use_evalscope generates with the model on every rank"),
 ])
 def test_misuse_is_one_line(argv, message):
     from swift.arguments import SftArguments

@@ -77,7 +77,11 @@ def test_sharded_run_equals_ddp(tmp_path, ddp, case, preset):
     command, extra = CASES[case]
     if preset.endswith("+ga"):  # half the micro-batch, two accumulation steps: the same global batch
         preset, extra = preset[:-3], [*extra, "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2"]
+    if preset == "fsdp2":  # a checkpoint in FSDP's sharded layout shows the run was sharded, not DDP
+        extra = [*extra, "--save_strategy", "steps", "--save_steps", "2"]
     logs, weights = run(tmp_path, command, *extra, *shard_flags(preset))
+    if preset == "fsdp2":
+        assert_fsdp_checkpoint(tmp_path / "checkpoint-2")
     ref_logs, ref_weights = ddp(case)
     assert len(logs) == len(ref_logs) == 2
     for a, b in zip(ref_logs, logs):
@@ -91,6 +95,11 @@ def test_sharded_run_equals_ddp(tmp_path, ddp, case, preset):
         torch.testing.assert_close(weights[name], ref_weights[name], rtol=1e-5, atol=1e-5, msg=name)
     if case.startswith("grpo"):
         assert logs[0]["reward_std"] > 0 and logs[1]["loss"] != 0  # sampled, scored and trained on
+
+
+def assert_fsdp_checkpoint(checkpoint) -> None:
+    assert (checkpoint / "pytorch_model_fsdp_0").is_dir() and (checkpoint / "optimizer_0").is_dir(), \
+        sorted(os.listdir(checkpoint))
 
 
 @pytest.mark.parametrize("preset", ["zero3", "fsdp2"])
@@ -109,6 +118,8 @@ def test_resumed_sharded_run_ends_where_the_uninterrupted_one_does(tmp_path, pre
     _, whole = run(tmp_path / "whole", "sft", *extra, steps=3)
     first = tmp_path / "first"
     run(first, "sft", *extra, steps=1)  # the same run (constant learning rate), stopped after its first step
+    if preset == "fsdp2":
+        assert_fsdp_checkpoint(first / "checkpoint-1")
     resumed_logs, resumed = run(first, "sft", *extra, "--resume_from_checkpoint", str(first / "checkpoint-1"),
                                 steps=3)
     assert [r["global_step"] for r in resumed_logs][-2:] == [2, 3]
