@@ -155,11 +155,12 @@ def _echoed_logprobs(prompt: list[TokenLogprob], choice: list[TokenLogprob] | No
 
 
 def completion_response(model: str, responses: list[InferResponse], *, echo_texts: list[str] | None = None,
-                        top: int = 0, decode=None) -> dict[str, Any]:
+                        top: int = 0, decode=None, logprobs: bool = True) -> dict[str, Any]:
     """One response body for all prompts: choice `i·n + j` is the j-th sample of prompt i; with
     `echo_texts` each text starts with its prompt (and log-probs cover the prompt's tokens). As in
     vLLM's server, the end-of-sequence token that stopped an answer is the last log-prob entry (its
-    text is not in the answer); lm-eval drops that last entry when it scores an echoed prompt."""
+    text is not in the answer); lm-eval drops that last entry when it scores an echoed prompt. Without
+    `logprobs` in the request, choices carry none (even where the engine read the prompt's)."""
     choices, prompt_tokens, completion_tokens = [], 0, 0
     for i, response in enumerate(responses):
         prompt_tokens += response.prompt_tokens
@@ -168,12 +169,14 @@ def completion_response(model: str, responses: list[InferResponse], *, echo_text
             answer = c.logprobs
             if answer is not None and c.stop_token_id is not None and c.stop_logprob is not None and decode:
                 answer = [*answer, TokenLogprob(decode([c.stop_token_id]), c.stop_token_id, c.stop_logprob)]
-            if echo_texts is not None and response.prompt_logprobs is not None:
-                logprobs = _echoed_logprobs(response.prompt_logprobs, answer, top)
+            if not logprobs:
+                items = None
+            elif echo_texts is not None and response.prompt_logprobs is not None:
+                items = _echoed_logprobs(response.prompt_logprobs, answer, top)
             else:
-                logprobs = _completion_logprobs(answer)
+                items = _completion_logprobs(answer)
             choices.append({"index": len(choices), "text": (echo_texts[i] if echo_texts is not None else "") + c.text,
-                            "logprobs": logprobs, "finish_reason": c.finish_reason, "token_ids": c.token_ids})
+                            "logprobs": items, "finish_reason": c.finish_reason, "token_ids": c.token_ids})
     return {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                           "total_tokens": prompt_tokens + completion_tokens}}

@@ -138,7 +138,7 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
             model = body.get("model") or served_model_name
             jobs = [await prepared(r, body, config) for r in infer_requests]
             if body.get("stream"):
-                if len(jobs) > 1 or config.prompt_logprobs is not None:
+                if len(jobs) > 1 or config.prompt_logprobs is not None or body.get("echo"):
                     raise RequestError("streaming takes one prompt, without echo or max_tokens 0", "stream")
                 return StreamingResponse(sse(engine, *jobs[0], model, chat, limits.request_timeout),
                                          media_type="text/event-stream")
@@ -155,7 +155,7 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
         echo = [r.prompt if r.prompt is not None else engine.tokenizer.decode(r.input_ids)
                 for r in infer_requests] if body.get("echo") else None
         return api.completion_response(model, results, echo_texts=echo, top=config.top_logprobs,
-                                       decode=engine.tokenizer.decode)
+                                       decode=engine.tokenizer.decode, logprobs=config.logprobs)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -113,6 +113,11 @@ class VllmEngine(InferEngine):
     def reset_prefix_cache(self) -> None:
         self._run(self.engine.reset_prefix_cache())
 
+    def check(self, prompt: list[int], config: RequestConfig) -> None:
+        from dataclasses import replace
+
+        super().check(prompt, replace(config, max_tokens=max(config.max_tokens, 1)))  # vLLM makes at least one
+
     def _params(self, config: RequestConfig):
         return self._sampling_cls(
             n=config.n, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k or -1,

@@ -63,6 +63,9 @@ def test_prompt_forms_echo_and_max_tokens_zero(served, reference):
     assert r.choices[0].text == r.choices[1].text and r.choices[2].text == r.choices[3].text
     single = c.completions.create(model="qs", prompt="2+2=", max_tokens=3, temperature=0)
     assert single.choices[0].text == r.choices[2].text
+    # echo and max_tokens 0 without `logprobs`: the prompt back, and no log-probs
+    r = c.completions.create(model="qs", prompt=[a, "7+8="], max_tokens=0, echo=True, temperature=0)
+    assert [ch.text for ch in r.choices] == ["12+34=46", "7+8="] and all(ch.logprobs is None for ch in r.choices)
 
 
 @pytest.mark.parametrize("body,status,param", [
@@ -71,6 +74,7 @@ def test_prompt_forms_echo_and_max_tokens_zero(served, reference):
     ({"prompt": [[1, 99999999]], "max_tokens": 1}, 400, None),
     ({"prompt": "x", "max_tokens": 0, "stream": True}, 400, "stream"),
     ({"prompt": "x", "echo": "yes"}, 400, "echo"),
+    ({"prompt": "x", "echo": True, "max_tokens": 2, "stream": True}, 400, "stream"),
     ({"prompt": "x", "max_tokens": -1}, 400, None),
 ])
 def test_bad_completions_requests_are_4xx(served, body, status, param):
