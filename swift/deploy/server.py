@@ -138,7 +138,7 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
             model = body.get("model") or served_model_name
             jobs = [await prepared(r, body, config) for r in infer_requests]
             if body.get("stream"):
-                if len(jobs) > 1 or config.prompt_logprobs is not None or body.get("echo"):
+                if len(jobs) > 1 or config.prompt_logprobs is not None or (not chat and body.get("echo")):
                     raise RequestError("streaming takes one prompt, without echo or max_tokens 0", "stream")
                 return StreamingResponse(sse(engine, *jobs[0], model, chat, limits.request_timeout),
                                          media_type="text/event-stream")

@@ -230,16 +230,18 @@ def _guess(path: str) -> Benchmark:
 
 # -- scoring -----------------------------------------------------------------------------------------
 OPTION_LETTERS = "ABCDEFGHIJ"
-# in order of trust: the asked-for 'ANSWER: X' line (its letter in either case), 'the answer is X',
-# then a bare option letter opening the last line ('B', '(B)', 'B) Mercury', 'B.')
-EXPLICIT = re.compile(r"(?i:answer|答案)\s*[:：]\s*\(?([A-Ja-j])\b")
-STATED = re.compile(r"(?i:answer is)\s*\(?([A-J])\b")
-LEADING = re.compile(r"^\(?([A-J])(?:[).:]|\)?$|\s)")
+# in order of trust: the asked-for 'ANSWER: X' line, 'the answer is X', then an option letter
+# alone at the start of the last line ('B', '(B)', 'B) Mercury', 'B.'); markdown bold around the
+# letter or the keyword is allowed. A lower-case letter counts only after 'ANSWER:' and alone
+# ('answer: a good guess' is words, 'ANSWER: d' an answer).
+EXPLICIT = re.compile(r"(?i:answer|答案)\**\s*[:：]\s*[*(\s]*(?:([A-J])\b|([a-j])(?=[*)]*\.?\s*$))", re.MULTILINE)
+STATED = re.compile(r"(?i:answer is)\s*:?\s*[*(\s]*([A-J])\b")
+LEADING = re.compile(r"^[*(\s]*([A-J])(?:[).:]|[*)]*\s*$)")
 
 
 def _mcq_letter(response: str, letters: str) -> str:
     for pattern in (EXPLICIT, STATED):
-        found = [m.upper() for m in pattern.findall(response) if m.upper() in letters]
+        found = [g.upper() for m in pattern.finditer(response) for g in m.groups() if g and g.upper() in letters]
         if found:
             return found[-1]
     lines = [line.strip() for line in response.strip().splitlines() if line.strip()]

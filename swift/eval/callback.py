@@ -8,9 +8,10 @@ import math
 
 from dataclasses import replace
 
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
 from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 
@@ -44,7 +45,9 @@ class BenchmarkCallback(TrainerCallback):
         self._done_at = step
         trainer = self.trainer
         metrics = self.score(trainer.accelerator.unwrap_model(trainer.model))
-        trainer.log(metrics)
+        # HF's own log: a trainer's override (DPO, GRPO) would take its accumulated training metrics
+        # into this row and clear them from the step's loss row
+        Trainer.log(trainer, metrics)
         return metrics
 
     def score(self, model) -> dict[str, float]:
@@ -70,16 +73,27 @@ class BenchmarkCallback(TrainerCallback):
         try:
             for name, (bench, questions) in self.benchmarks.items():
                 mine = list(range(rank, len(questions), world))  # this rank's share
-                requests = [InferRequest(messages=questions[i].messages) for i in mine]
-                responses = generate(engine, requests, self.config, False, desc=f"benchmark {name}", fit=fit)
-                local = {i: [0.0] * self.config.n if isinstance(r, Exception) else
-                         [score(bench.kind, c.text, questions[i].gold, **questions[i].extra) for c in r.choices]
-                         for i, r in zip(mine, responses)}
+                try:
+                    requests = [InferRequest(messages=questions[i].messages) for i in mine]
+                    responses = generate(engine, requests, self.config, False, desc=f"benchmark {name}", fit=fit)
+                    local = {i: [0.0] * self.config.n if isinstance(r, Exception) else
+                             [score(bench.kind, c.text, questions[i].gold, **questions[i].extra) for c in r.choices]
+                             for i, r in zip(mine, responses)}
+                    failure = None
+                except Exception as e:  # every rank must reach the gather below, or the others wait
+                    local, failure = {}, f"rank {rank}: {type(e).__name__}: {e}"
+                parts = [(local, failure)]
                 if world > 1:
                     from accelerate.utils import gather_object
 
-                    local = {i: v for part in gather_object([local]) for i, v in part.items()}
+                    parts = gather_object(parts)
+                failures = [f for _, f in parts if f]
+                if failures:
+                    raise SwiftError(f"benchmark {name} during training failed on {failures[0]}")
+                local = {i: v for part, _ in parts for i, v in part.items()}
                 scores = [local[i] for i in range(len(questions))]
+                logger.info(f"benchmark {name}: {len(questions)} questions answered by {world} rank(s) "
+                            f"({', '.join(str(len(part)) for part, _ in parts)})")
                 # ms-swift's names: test_<benchmark> (accuracy), then test_<benchmark>_pass@k ...
                 metrics.update({f"test_{name}" if k == "acc" else f"test_{name}_{k}": v
                                 for k, v in summarize(scores).items()})

@@ -121,9 +121,14 @@ def request_config(a: EvalArguments):
     return config, explicit or a.max_new_tokens is not None
 
 
+class RequestFailed(SwiftError):
+    """A request that failed inside the engine (not a refusal of the request)."""
+
+
 def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit=None) -> list:
     """Every request through the engine concurrently, with a progress bar; a request the engine
-    refuses gives its error text instead of a response."""
+    refuses or fails on gives its error instead of a response, and the others go on. When every
+    request failed inside the engine, the engine is broken: that error is raised."""
     async def run():
         bar = tqdm(total=len(requests), desc=desc, dynamic_ncols=True)
 
@@ -134,7 +139,7 @@ def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit
             except SwiftError as e:
                 return e
             except Exception as e:  # one failed request scores 0 and never takes its batch mates down
-                return SwiftError(f"{type(e).__name__}: {e}")
+                return RequestFailed(f"{type(e).__name__}: {e}")
             finally:
                 bar.update()
 
@@ -143,7 +148,10 @@ def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit
         finally:
             bar.close()
 
-    return asyncio.run(run())
+    responses = asyncio.run(run())
+    if responses and all(isinstance(r, RequestFailed) for r in responses):
+        raise SwiftError(f"{desc}: every request failed in the engine (first: {responses[0]})")
+    return responses
 
 
 def build_eval_engine(a: EvalArguments):
@@ -205,7 +213,8 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
             stem, k = f"{_safe(name)}-{k}", k + 1
         files.add(stem)
         write_jsonl(os.path.join(out_dir, f"{stem}.jsonl"), rows)
-        results[name] = {"benchmark": bench.name, "kind": bench.kind, "num_questions": len(questions),
+        results[name] = {"benchmark": bench.name, "kind": bench.kind, "file": f"{stem}.jsonl",
+                         "num_questions": len(questions),
                          "num_samples": config.n, "dropped_rows": len(dropped), "errors": errors,
                          "seconds": round(seconds, 3), **summarize(scores)}
         if errors:
@@ -215,7 +224,9 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
 
 
 def _safe(name: str) -> str:
-    return os.path.basename(name.rstrip("/")).replace(os.sep, "_") or "dataset"
+    """A benchmark's name, or a data file's name without its extension."""
+    stem, ext = os.path.splitext(os.path.basename(name.rstrip("/")))
+    return (stem if ext.lower() in (".jsonl", ".json", ".csv", ".parquet", ".txt") else stem + ext) or "dataset"
 
 
 def new_run_dir(root: str) -> str:

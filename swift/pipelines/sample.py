@@ -166,7 +166,7 @@ def prepare_resume(path: str, expected: dict) -> set:
     files are rewritten without the rows of any other prompt (half-written ones are sampled again)."""
     side = side_paths(path)
     records = valid_rows(side["progress"])
-    if not records or records[0].get("fingerprint") is None:
+    if not records or "fingerprint" not in records[0]:
         raise SwiftError(f"--resume: {side['progress']} is missing, so which prompts of {path} are complete is "
                          "unknown; --override_exist_file true starts again")
     if records[0]["fingerprint"] != expected:
@@ -175,10 +175,16 @@ def prepare_resume(path: str, expected: dict) -> set:
     done = {r["row_index"] for r in records[1:] if "row_index" in r}
     for p in (path, side["pairs"], side["skipped"]):
         if os.path.exists(p):
-            rows = [r for r in valid_rows(p) if r.get("row_index") in done]
-            with open(p, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+            rewrite(p, [r for r in valid_rows(p) if r.get("row_index") in done])
+    rewrite(side["progress"], [records[0], *({"row_index": i} for i in sorted(done))])  # no cut last line
     return done
+
+
+def rewrite(path: str, rows: list[dict]) -> None:
+    """The file holds exactly `rows` (written beside it, then moved over it: never half of them)."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    os.replace(path + ".tmp", path)
 
 
 def append_rows(path: str, rows: list[dict]) -> None:
@@ -269,10 +275,9 @@ def prompt_of(row: dict) -> tuple[list[dict], str | None]:
 
 
 def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, Any]:
+    from dataclasses import replace
+
     from swift.dataset.loader import load_rows
-    from swift.infer.protocol import InferRequest
-    from swift.pipelines.eval import generate
-    from swift.pipelines.infer import fit_to_context
 
     a = resolve_args(SampleArguments, args, "swift sample")
     rows = load_rows(a.dataset, strict=a.strict, seed=a.seed if a.seed is not None else 42)
@@ -284,25 +289,45 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
     existing = [p for p in (path, *side.values()) if os.path.exists(p)]
     if existing and not (a.resume or a.override_exist_file):
         raise SwiftError(f"{existing[0]} exists; --resume continues it, --override_exist_file replaces it")
+    if rows.rows and "row_index" in rows.rows[0]:
+        raise SwiftError(f"{a.dataset[0]}: the rows have a 'row_index' column, which swift sample writes (the "
+                         "prompt's index); rename that column")
     expected = fingerprint(a, len(rows))
     finished = prepare_resume(path, expected) if a.resume and existing else set()
     todo = [i for i in indices if i not in finished]
     if a.num_sampling_batches is not None:
         todo = todo[:a.num_sampling_batches * a.num_sampling_batch_size]
-    scorer = Scorer(a)  # a bad reward name or model stops the run before the engine loads
+    # bad sampling settings, reward names or models stop the run before the engine loads and
+    # before any file is touched
+    config = replace(a.generation_args.request_config(), n=1 if a.sampler_engine == "no" else a.num_return_sequences)
+    scorer = Scorer(a)
     engine, adapter = build_sample_engine(a)
     if a.sampler_engine == "client":  # no --max_new_tokens: the server's default length
         engine.omit_max_tokens = a.max_new_tokens is None
-    os.makedirs(a.output_dir, exist_ok=True)
-    if a.override_exist_file:
-        for p in existing:
-            os.remove(p)
-    if not finished:
-        append_rows(progress_path, [{"fingerprint": expected}])
-    config = a.generation_args.request_config()
-    from dataclasses import replace
+    try:
+        os.makedirs(a.output_dir, exist_ok=True)
+        if a.override_exist_file:
+            for p in existing:
+                os.remove(p)
+        if not os.path.exists(progress_path):
+            append_rows(progress_path, [{"fingerprint": expected}])
+        counts = _sample(a, rows, todo, engine=engine, adapter=adapter, config=config,
+                         scorer=scorer, paths=(path, pairs_path, skipped_path, progress_path))
+    finally:
+        if engine is not None:
+            engine.close()
+    logger.info(f"sample: {counts['prompts']} prompts → {counts['kept']} rows in {path}, {counts['pairs']} pairs in "
+                f"{pairs_path}; skipped {counts['skipped_easy']} easy, {counts['skipped_other']} without a usable answer")
+    return {"output_file": path, "pairs_file": pairs_path, **counts}
 
-    config = replace(config, n=1 if a.sampler_engine == "no" else a.num_return_sequences)
+
+def _sample(a, rows, todo, *, engine, adapter, config, scorer, paths) -> dict:
+    """Generate, score and write each prompt of `todo`, in batches; the counts."""
+    from swift.infer.protocol import InferRequest
+    from swift.pipelines.eval import generate
+    from swift.pipelines.infer import fit_to_context
+
+    path, pairs_path, skipped_path, progress_path = paths
     counts = {"prompts": 0, "kept": 0, "pairs": 0, "skipped_easy": 0, "skipped_other": 0, "failed": 0}
     bar = tqdm(total=len(todo), desc="sample", dynamic_ncols=True)
     try:
@@ -352,8 +377,4 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
                 bar.update()
     finally:
         bar.close()
-        if engine is not None:
-            engine.close()
-    logger.info(f"sample: {counts['prompts']} prompts → {counts['kept']} rows in {path}, {counts['pairs']} pairs in "
-                f"{pairs_path}; skipped {counts['skipped_easy']} easy, {counts['skipped_other']} without a usable answer")
-    return {"output_file": path, "pairs_file": pairs_path, **counts}
+    return counts

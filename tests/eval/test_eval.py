@@ -84,6 +84,12 @@ def test_the_real_benchmark_files_load_whole(name, file, rows):
     ("mcq", "(B)", "B", 1.0),
     ("mcq", "B.", "B", 1.0),
     ("mcq", "a) is my guess", "A", 0.0),  # a bare lower-case letter is a word, not an option
+    ("mcq", "Mercury, I think.\nA tricky one though.", "A", 0.0),  # the word 'A' opening the last line
+    ("mcq", "The answer: a good guess", "A", 0.0),
+    ("mcq", "The answer is: B", "B", 1.0),
+    ("mcq", "**Answer:** B", "B", 1.0),
+    ("mcq", "ANSWER: **C**", "C", 1.0),
+    ("mcq", "答案：B", "B", 1.0),
 ])
 def test_scores_of_hand_labelled_answers(kind, response, gold, expected):
     assert score(kind, response, gold) == expected

@@ -81,8 +81,8 @@ def test_shards_and_resume_lose_and_repeat_nothing(sampled, tmp_path):
     the sampling seed is per request); a resume with other data or seed is refused."""
     model, whole = sampled
     argv = ["sample", "--model", model, *SAMPLE, "--output_dir", str(tmp_path)]
-    for shard in ("0", "1"):
-        proc = swift(*argv, "--data_range", shard, "2")
+    for shard, resume in (("0", "false"), ("1", "true")):  # --resume with nothing written yet starts afresh
+        proc = swift(*argv, "--data_range", shard, "2", "--resume", resume)
         assert proc.returncode == 0, proc.stderr[-3000:]
     shards = [rows_of(tmp_path / f"sample_{i}_of_2.jsonl") for i in (0, 1)]
     ids = [{r["row_index"] for r in s} for s in shards]
@@ -98,7 +98,9 @@ def test_shards_and_resume_lose_and_repeat_nothing(sampled, tmp_path):
     cut = next(k for k, line in enumerate(lines) if json.loads(line)["row_index"] == victim) + 1
     path.write_text("".join(lines[:cut]) + lines[cut][:20])
     pairs.write_text("".join(json.dumps(p) + "\n" for p in first_pairs if p["row_index"] <= victim))
-    progress.write_text("".join(json.dumps(r) + "\n" for r in records if r.get("row_index", -1) < victim))
+    # ... and the progress line of the prompt before it cut in half: that prompt is sampled again too
+    kept_records = [json.dumps(r) + "\n" for r in records if r.get("row_index", -1) < victim]
+    progress.write_text("".join(kept_records[:-1]) + kept_records[-1][:8])
     refused = swift(*argv, "--data_range", "0", "2")
     assert refused.returncode != 0 and "--resume continues it" in refused.stderr
     other_seed = [*argv[:-2], "--seed", "4", *argv[-2:]]
@@ -108,6 +110,22 @@ def test_shards_and_resume_lose_and_repeat_nothing(sampled, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert rows_of(path) == first and rows_of(pairs) == first_pairs  # every line whole, none lost or repeated
     assert rows_of(progress) == records
+
+
+def test_bad_settings_stop_before_the_engine_and_touch_nothing(tmp_path):
+    """--override_exist_file with a reward name that does not exist: the earlier output stays."""
+    from swift.pipelines.sample import sample_main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("sample.jsonl", "sample_progress.jsonl"):
+        (out / name).write_text('{"earlier": 1}\n')
+    for bad in (["--orm_model", "no_such_reward"], ["--orm_model", "accuracy", "--temperature", "-1"]):
+        with pytest.raises(SwiftError):
+            sample_main(["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft:eval#4", *bad,
+                         "--override_exist_file", "true", "--output_dir", str(out)])
+        assert sorted(os.listdir(out)) == ["sample.jsonl", "sample_progress.jsonl"]
+        assert (out / "sample.jsonl").read_text() == '{"earlier": 1}\n'
 
 
 def test_scoring_a_dataset_with_a_reward_model(tmp_path):

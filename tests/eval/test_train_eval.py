@@ -50,6 +50,10 @@ def test_dpo_logs_benchmarks(tmp_path, quickstart):
                  "--output_dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["global_step"] for r in logged(tmp_path)] == [2, 4]
+    assert not any("rewards/margins" in r for r in logged(tmp_path))  # DPO's metrics stay on its loss rows
+    with open(tmp_path / "logging.jsonl") as f:
+        losses = [r for r in map(json.loads, f) if "loss" in r]
+    assert losses and all("rewards/margins" in r for r in losses)
 
 
 def test_two_ranks_share_the_questions(tmp_path, quickstart):
@@ -65,6 +69,7 @@ def test_two_ranks_share_the_questions(tmp_path, quickstart):
                            "--report_to", "none", "--output_dir", str(out)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "benchmark arith: 41 questions answered by 2 rank(s) (21, 20)" in proc.stderr
     (row,) = logged(out)
     final = swift("eval", "--model", str(out), "--eval_dataset", "arith", "--eval_limit", "41",
                   "--eval_generation_config", '{"max_tokens": 6}', "--eval_output_dir", str(tmp_path / "eval"))
