@@ -37,7 +37,9 @@ class BenchmarkCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every == 0 or state.global_step >= state.max_steps:
+            should_log = control.should_log
             self.run(state.global_step)
+            control.should_log = should_log  # logging our row cleared it: the step's loss row still follows
 
     def run(self, step: int) -> dict[str, float]:
         if self._done_at == step:
