@@ -4,7 +4,6 @@ machine), and a malformed answer fails its own request only."""
 import json
 import os
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -16,7 +15,8 @@ from swift.pipelines.eval import generate
 
 class Handler(BaseHTTPRequestHandler):
     in_flight = peak = 0
-    lock = threading.Lock()
+    target, hold = 1, 5.0
+    arrived = threading.Condition()
 
     def log_message(self, *args):
         pass
@@ -35,11 +35,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         cls = type(self)
-        with cls.lock:
+        with cls.arrived:  # hold each request until `target` are in flight at once (or 5 s pass)
             cls.in_flight += 1
             cls.peak = max(cls.peak, cls.in_flight)
-        time.sleep(0.3)
-        with cls.lock:
+            cls.arrived.notify_all()
+            cls.arrived.wait_for(lambda: cls.peak >= cls.target, timeout=cls.hold)
+        with cls.arrived:
             cls.in_flight -= 1
         question = body["messages"][-1]["content"]
         if question == "malformed":
@@ -52,6 +53,7 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture()
 def server():
     Handler.in_flight = Handler.peak = 0
+    Handler.target, Handler.hold = 1, 5.0
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -60,6 +62,7 @@ def server():
 
 
 def test_concurrency_as_asked_and_failures_isolated(server):
+    Handler.target = 16
     engine = ClientEngine(server, concurrency=16)
     try:
         questions = [f"q{i}" for i in range(15)] + ["malformed"]
@@ -73,9 +76,10 @@ def test_concurrency_as_asked_and_failures_isolated(server):
 
 
 def test_concurrency_limit_is_kept(server):
+    Handler.target, Handler.hold = 4, 0.5  # never reached: 3 at a time, each released after 0.5 s
     engine = ClientEngine(server, concurrency=3)
     try:
-        requests = [InferRequest(messages=[{"role": "user", "content": f"q{i}"}]) for i in range(9)]
+        requests = [InferRequest(messages=[{"role": "user", "content": f"q{i}"}]) for i in range(6)]
         generate(engine, requests, RequestConfig(max_tokens=4), True, desc="client")
     finally:
         engine.close()
