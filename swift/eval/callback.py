@@ -5,7 +5,6 @@ are gathered."""
 from __future__ import annotations
 
 import math
-
 from dataclasses import replace
 
 from transformers import Trainer, TrainerCallback
@@ -29,7 +28,6 @@ class BenchmarkCallback(TrainerCallback):
         self.benchmarks = {name: load_questions(name, args=eval_args.dataset_args.get(name), use_hf=use_hf,
                                                 limit=eval_args.eval_limit, strict=strict)[:2]
                            for name in eval_args.eval_dataset}  # read before training starts: bad input stops it
-        self._done_at = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         steps = self.eval_steps or 1  # HF's convention: below 1, a fraction of the run's steps
@@ -37,20 +35,12 @@ class BenchmarkCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every == 0 or state.global_step >= state.max_steps:
+            metrics = self.score(self.trainer.accelerator.unwrap_model(self.trainer.model))
             should_log = control.should_log
-            self.run(state.global_step)
+            # HF's own log: a trainer's override (DPO, GRPO) would take its accumulated training
+            # metrics into this row and clear them from the step's loss row
+            Trainer.log(self.trainer, metrics)
             control.should_log = should_log  # logging our row cleared it: the step's loss row still follows
-
-    def run(self, step: int) -> dict[str, float]:
-        if self._done_at == step:
-            return {}
-        self._done_at = step
-        trainer = self.trainer
-        metrics = self.score(trainer.accelerator.unwrap_model(trainer.model))
-        # HF's own log: a trainer's override (DPO, GRPO) would take its accumulated training metrics
-        # into this row and clear them from the step's loss row
-        Trainer.log(trainer, metrics)
-        return metrics
 
     def score(self, model) -> dict[str, float]:
         from swift.eval.benchmarks import score

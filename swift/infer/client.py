@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 from swift.infer.protocol import Choice, InferEngine, InferRequest, InferResponse, RequestConfig

@@ -5,11 +5,11 @@ the same switch Accelerate makes for GPU ranks."""
 from __future__ import annotations
 
 import contextlib
-import logging
 
+from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @contextlib.contextmanager
