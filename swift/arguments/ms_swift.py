@@ -128,7 +128,6 @@ REASONS: dict[str, tuple[str, ...]] = {
         ("sleep_level", "offload_optimizer", "offload_model", "move_model_batches"),
     "each trajectory's completion budget is --max_completion_length over all its turns":
         ("completion_length_limit_scope",),
-    "this GRPO loss variant (SAPO/two-sided clipping) is not in this version yet": ("tau_pos", "tau_neg", "delta"),
     "the KL term is part of the loss (--beta), not of the reward": ("kl_in_reward",),
     "the reference model is not synced with the policy (TR-DPO/GRPO ref sync)":
         ("sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps"),

@@ -23,7 +23,7 @@ class RlhfArguments:
                 "JSD interpolation (gkd 0.5), KL weight (grpo 0.04; 0 loads no reference model)."})
     loss_type: list[str] | None = field(default=None, metadata={
         "help": "dpo: losses, summed: sigmoid (default), ipo, hinge, robust, bco_pair, sppo_hard, nca_pair, apo_zero, "
-                "apo_down. grpo: loss aggregation grpo (default), bnpo, dr_grpo, dapo."})
+                "apo_down. grpo: grpo (default), bnpo, dr_grpo, dapo (aggregations of the clipped loss), cispo, sapo."})
     loss_weights: list[float] = field(default_factory=list, metadata={"help": "Weight of each --loss_type (default 1)."})
     label_smoothing: float = field(default=0.0, metadata={
         "help": "Assumed label-flip rate ε: cDPO with sigmoid, the robust loss's ε; also cpo and simpo."})
@@ -110,7 +110,14 @@ class RlhfArguments:
         "help": "Python files imported at start (register rewards in swift.rewards.orms, schedulers in "
                 "swift.rollout.multi_turn.multi_turns)."})
     epsilon: float = field(default=0.2, metadata={"help": "grpo: clip range ε of the importance ratio."})
-    epsilon_high: float | None = field(default=None, metadata={"help": "grpo: upper clip ε_high (default ε; DAPO 0.28)."})
+    epsilon_high: float | None = field(default=None, metadata={
+        "help": "grpo: upper clip ε_high (default ε; DAPO 0.28); with --loss_type cispo the cap of the importance "
+                "weight itself (default 5.0)."})
+    delta: float | None = field(default=None, metadata={
+        "help": "grpo: two-sided clipping (INTELLECT-2): also cap the importance ratio at δ (> 1 + ε) for negative "
+                "advantages."})
+    tau_pos: float = field(default=1.0, metadata={"help": "grpo --loss_type sapo: gate temperature where A > 0."})
+    tau_neg: float = field(default=1.05, metadata={"help": "grpo --loss_type sapo: gate temperature where A ≤ 0."})
     num_iterations: int = field(default=1, metadata={
         "help": "grpo: optimizer passes over each generation batch; each pass is its own optimizer step(s)."})
     steps_per_generation: int | None = field(default=None, metadata={
@@ -204,7 +211,7 @@ class RlhfArguments:
         if self.steps_per_generation is not None and self.generation_batch_size is not None:
             raise SwiftError("give --steps_per_generation or --generation_batch_size, not both")
         if len(self.loss_type) != 1:
-            raise SwiftError(f"--loss_type takes one aggregation for grpo (grpo, bnpo, dr_grpo or dapo), got "
+            raise SwiftError(f"--loss_type takes one loss for grpo (grpo, bnpo, dr_grpo, dapo, cispo or sapo), got "
                              f"{' '.join(self.loss_type)}")
         if self.precompute_ref_log_probs:
             raise SwiftError("--precompute_ref_log_probs does not apply to --rlhf_type grpo: its completions are "
@@ -219,6 +226,12 @@ class RlhfArguments:
         if self.server_mode and self.multi_turn_scheduler:
             raise SwiftError("--multi_turn_scheduler runs on the rollout server in server mode: pass it to "
                              "`swift rollout` instead of the trainer")
+        if self.delta is not None and self.delta <= 1 + self.epsilon:
+            raise SwiftError(f"--delta must be greater than 1 + --epsilon ({1 + self.epsilon}), got {self.delta}")
+        if self.delta is not None and self.loss_type[0] in ("cispo", "sapo"):
+            raise SwiftError(f"--delta applies to the clipped losses, not --loss_type {self.loss_type[0]}")
+        if self.tau_pos <= 0 or self.tau_neg <= 0:
+            raise SwiftError("--tau_pos and --tau_neg must be positive")
         if self.rollout_importance_sampling_threshold <= 0:
             raise SwiftError("--rollout_importance_sampling_threshold must be positive")
 

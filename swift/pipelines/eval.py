@@ -51,7 +51,9 @@ class EvalOptions:
     eval_url: str | None = field(default=None, metadata={
         "help": "Evaluate an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1) instead of loading a model."})
     api_key: str | None = field(default=None, metadata={"help": "Bearer token for --eval_url."})
-    eval_backend: str = field(default="Native", metadata={"help": "Native (built in) or EvalScope (the evalscope extra)."})
+    eval_backend: str = field(default="Native", metadata={
+        "help": "Native (the built-in evaluator) or EvalScope (the evalscope extra, driven through an OpenAI-compatible "
+                "endpoint: --eval_url, or a `swift deploy` of --model started for the run)."})
     eval_generation_config: str | None = field(default=None, metadata={
         "help": "JSON: max_tokens, temperature, top_p, top_k, n (samples per question: pass@k), seed, stop."})
     eval_dataset_args: str | None = field(default=None, metadata={
@@ -67,10 +69,7 @@ class EvalOptions:
         if backend in ("opencompass", "vlmevalkit"):
             raise SwiftError(f"--eval_backend {self.eval_backend} is an ms-swift backend this version does not "
                              "support (it has Native and EvalScope)")
-        if backend == "evalscope":
-            raise SwiftError("--eval_backend EvalScope is not wired up in this version; the Native backend scores "
-                             "the same benchmarks")
-        if backend != "native":
+        if backend not in ("native", "evalscope"):
             raise SwiftError(f"--eval_backend {self.eval_backend!r} is not one of Native, EvalScope")
         self.eval_backend = backend
         if self.eval_limit is not None and self.eval_limit < 1:
@@ -243,8 +242,8 @@ def new_run_dir(root: str) -> str:
 
 
 def table(results: dict[str, dict]) -> str:
-    keys = sorted({k for r in results.values() for k in r if k == "acc" or k.startswith(("pass@", "mean@"))},
-                  key=lambda k: (k != "acc", len(k), k))
+    keys = sorted({k for r in results.values() for k in r if k in ("acc", "score") or k.startswith(("pass@", "mean@"))},
+                  key=lambda k: (k not in ("acc", "score"), len(k), k))
     head = ["dataset", "n_questions", *keys]
     lines = [head] + [[name, str(r["num_questions"]), *(f"{r[k]:.4f}" if k in r else "-" for k in keys)]
                       for name, r in results.items()]
@@ -261,10 +260,10 @@ def bar_chart(results: dict[str, dict], path: str) -> None:
 
     names = list(results)
     fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(names)), 3.5))
-    bars = ax.bar(names, [results[n]["acc"] for n in names], color="#4C72B0")
+    bars = ax.bar(names, [results[n].get("acc", results[n].get("score")) or 0.0 for n in names], color="#4C72B0")
     ax.bar_label(bars, fmt="%.3f")
     ax.set_ylim(0, 1.05)
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel("accuracy" if all("acc" in r for r in results.values()) else "score")
     ax.set_title("swift eval")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -277,18 +276,30 @@ def eval_main(args: EvalArguments | list[str] | None = None) -> dict[str, Any]:
     if config.n > 1 and not config.temperature:
         logger.warning(f"n={config.n} samples per question with temperature 0 are all the same greedy answer: "
                        "pass@k equals acc (set temperature in --eval_generation_config)")
-    benchmarks = load_benchmarks(a)
-    engine, adapter = build_eval_engine(a)
-    out_dir = new_run_dir(a.eval_output_dir)
-    try:
-        results = evaluate(engine, a, adapter, benchmarks, out_dir)
-    except BaseException:
-        shutil.rmtree(out_dir, ignore_errors=True)  # this run's own directory: no report, no half of one
-        raise
-    finally:
-        engine.close()
+    if a.eval_backend == "evalscope":
+        from swift.eval import evalscope_backend
+
+        evalscope_backend.check(a)
+        out_dir = new_run_dir(a.eval_output_dir)
+        try:
+            results = evalscope_backend.run(a, *request_config(a), out_dir)
+        except BaseException:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            raise
+    else:
+        benchmarks = load_benchmarks(a)
+        engine, adapter = build_eval_engine(a)
+        out_dir = new_run_dir(a.eval_output_dir)
+        try:
+            results = evaluate(engine, a, adapter, benchmarks, out_dir)
+        except BaseException:
+            shutil.rmtree(out_dir, ignore_errors=True)  # this run's own directory: no report, no half of one
+            raise
+        finally:
+            engine.close()
     config, _ = request_config(a)
-    report = {"results": results, "model": a.model, "adapters": list(a.adapters), "eval_url": a.eval_url,
+    report = {"results": results, "backend": a.eval_backend, "model": a.model, "adapters": list(a.adapters),
+              "eval_url": a.eval_url,
               "infer_backend": None if a.eval_url else a.infer_backend, "generation": asdict(config),
               "config": {k: v for k, v in a.to_dict().items() if k != "api_key"}}
     write_json(os.path.join(out_dir, "report.json"), report)

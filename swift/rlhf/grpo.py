@@ -15,10 +15,17 @@ Policy loss per completion token t, with ratio w_t = exp(log π(t) − log π_ol
 the sequence's geometric-mean ratio (`--importance_sampling_level sequence`, GSPO arXiv 2507.18071):
   ℓ_t = −min(w_t A, clip(w_t, 1 − ε, 1 + ε_high) A) + β KL_t
 with KL_t = k3 = e^(ref − logp) − (ref − logp) − 1 (k1 = logp − ref, k2 = ½ (logp − ref)²).
-Aggregation (`--loss_type`): grpo = mean over each sequence's tokens then over sequences; bnpo =
-mean over the batch's tokens; dr_grpo = sum / (sequences × max_completion_length); dapo = sum /
-tokens in the global batch, i.e. all micro-batches and ranks of the optimizer step (arXiv 2503.14476;
-the trainer passes that count as `num_items_in_batch`).
+`--delta` (two-sided clipping, INTELLECT-2 arXiv 2505.07291) also caps w_t at δ in the unclipped
+term, so a negative advantage cannot push a token's loss up without bound.
+Two loss types replace the clipped surrogate (ms-swift's and TRL's `--loss_type`):
+  cispo (MiniMax-M1 arXiv 2506.13585): ℓ_t = −sg(min(w_t, ε_max)) A log π(t), with ε_max =
+      `--epsilon_high` (an absolute cap on the weight, 5.0 when not given): clipped tokens keep a gradient.
+  sapo (arXiv 2511.20347): ℓ_t = −(4/τ) σ(τ (w_t − 1)) A, τ = `--tau_pos` where A > 0 else `--tau_neg`:
+      a soft gate whose gradient fades smoothly as w_t leaves 1.
+Aggregation (`--loss_type`): grpo and sapo = mean over each sequence's tokens then over sequences;
+bnpo = mean over the batch's tokens; dr_grpo = sum / (sequences × max_completion_length); dapo and
+cispo = sum / tokens in the global batch, i.e. all micro-batches and ranks of the optimizer step
+(arXiv 2503.14476; the trainer passes that count as `num_items_in_batch`).
 """
 from __future__ import annotations
 
@@ -110,6 +117,7 @@ def _rows(mask: torch.Tensor) -> torch.Tensor:
 
 
 @POLICY_LOSSES.register("grpo")
+@POLICY_LOSSES.register("sapo")
 def per_sequence_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
     return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / _rows(mask)
 
@@ -125,17 +133,48 @@ def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, *, max_completio
 
 
 @POLICY_LOSSES.register("dapo")
+@POLICY_LOSSES.register("cispo")
 def global_token_mean(loss: torch.Tensor, mask: torch.Tensor, *, num_items_in_batch=None, **_) -> torch.Tensor:
     total = mask.sum() if num_items_in_batch is None else num_items_in_batch
     return (loss * mask).sum() / torch.as_tensor(total, dtype=loss.dtype).clamp(min=1)
 
 
+CISPO_DEFAULT_CAP = 5.0  # ScaleRL's recommended ε_max for cispo when --epsilon_high is not given
+
+
+def clipped_surrogate(ratio, logps, adv, *, epsilon, epsilon_high, delta, **_):
+    """PPO's −min(w A, clip(w, 1 − ε, 1 + ε_high) A); with δ, w is first capped at δ in the first term.
+    Returns the per-token loss and the low/high clipped flags."""
+    high = epsilon if epsilon_high is None else epsilon_high
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + high)
+    unclipped = ratio if delta is None else ratio.clamp(max=delta)
+    per_token = -torch.min(unclipped * adv, clipped * adv)
+    return per_token, (ratio < 1 - epsilon) & (adv < 0), (ratio > 1 + high) & (adv > 0)
+
+
+def cispo_surrogate(ratio, logps, adv, *, epsilon_high, **_):
+    cap = CISPO_DEFAULT_CAP if epsilon_high is None else epsilon_high
+    per_token = -ratio.clamp(max=cap).detach() * adv * logps
+    return per_token, torch.zeros_like(ratio, dtype=torch.bool), (ratio > cap) & (adv > 0)
+
+
+def sapo_surrogate(ratio, logps, adv, *, tau_pos, tau_neg, **_):
+    tau = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=ratio.dtype), torch.as_tensor(tau_neg, dtype=ratio.dtype))
+    per_token = -torch.sigmoid(tau * (ratio - 1)) * (4 / tau) * adv
+    no_flags = torch.zeros_like(ratio, dtype=torch.bool)
+    return per_token, no_flags, no_flags
+
+
+SURROGATES = {"cispo": cispo_surrogate, "sapo": sapo_surrogate}  # every other loss type: the clipped one
+
+
 def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
+                epsilon: float = 0.2, epsilon_high: float | None = None, delta: float | None = None,
+                tau_pos: float = 1.0, tau_neg: float = 1.05, beta: float = 0.0,
                 ref_logps: torch.Tensor | None = None, kl_type: str = "k3", importance_sampling_level: str = "token",
                 loss_type: str = "grpo", max_completion_length: int | None = None, token_weights=None,
                 num_items_in_batch=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped surrogate of every completion token ([B, T] tensors; `advantages` [B]), aggregated by
+    """The policy objective of every completion token ([B, T] tensors; `advantages` [B]), aggregated by
     `loss_type`. `token_weights` (e.g. the high-entropy mask) multiply the policy term. Returns the loss
     and per-token diagnostics (ratio, clipped flags, kl)."""
     log_ratio = logps - old_logps
@@ -144,10 +183,11 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
     elif importance_sampling_level != "token":
         raise ValueError(f"importance_sampling_level must be token or sequence, got {importance_sampling_level!r}")
     ratio = torch.exp(log_ratio)
-    high = epsilon if epsilon_high is None else epsilon_high
-    clipped = torch.clamp(ratio, 1 - epsilon, 1 + high)
     adv = advantages.unsqueeze(-1)
-    per_token = -torch.min(ratio * adv, clipped * adv)
+    surrogate = SURROGATES.get(loss_type, clipped_surrogate)
+    per_token, low_clipped, high_clipped = surrogate(ratio, logps, adv, epsilon=epsilon, epsilon_high=epsilon_high,
+                                                     delta=delta, tau_pos=tau_pos, tau_neg=tau_neg)
+    per_token = per_token.expand_as(logps)
     if token_weights is not None:
         per_token = per_token * token_weights
     kl = None
@@ -156,8 +196,8 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
         per_token = per_token + beta * kl
     loss = POLICY_LOSSES.get(loss_type)(per_token, mask, max_completion_length=max_completion_length,
                                         num_items_in_batch=num_items_in_batch)
-    info = {"ratio": ratio.expand_as(logps), "low_clipped": (ratio < 1 - epsilon) & (adv < 0),
-            "high_clipped": (ratio > 1 + high) & (adv > 0), "kl": kl}
+    info = {"ratio": ratio.expand_as(logps), "low_clipped": low_clipped.expand_as(logps),
+            "high_clipped": high_clipped.expand_as(logps), "kl": kl}
     return loss, info
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from swift.infer.protocol import RequestConfig
-from swift.rlhf.grpo import compute_advantages, high_entropy_mask, nanstd
+from swift.rlhf.grpo import POLICY_LOSSES, compute_advantages, global_token_mean, high_entropy_mask, nanstd
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
 from swift.trainers.completion_logps import token_logps
@@ -409,12 +409,13 @@ class GRPOTrainer(RLHFTrainer):
             if is_weights is not None:
                 weights = is_weights if weights is None else weights * is_weights
         loss, info = self.algorithm.loss(
-            logps, old, inputs["advantages"], mask, epsilon=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta,
+            logps, old, inputs["advantages"], mask, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
+            tau_pos=a.tau_pos, tau_neg=a.tau_neg, beta=a.beta,
             ref_logps=inputs.get("ref_logps"), kl_type=a.kl_estimator,
             importance_sampling_level=a.importance_sampling_level, loss_type=a.loss_type[0],
             max_completion_length=a.max_completion_length, token_weights=weights,
             num_items_in_batch=inputs["step_tokens"])
-        if a.loss_type[0] == "dapo":
+        if POLICY_LOSSES.get(a.loss_type[0]) is global_token_mean:  # dapo, cispo
             # normalised by the whole step's tokens: undo the trainer's division by the accumulation
             # steps and DDP's average over ranks, so the step's gradient is Σ ℓ_t / tokens
             steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)

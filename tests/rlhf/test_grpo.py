@@ -70,9 +70,16 @@ def trl_setup(tmp_path_factory, tiny_dir):
     return trainer, model, inputs
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+# (loss type, extra flags, TRL settings): cispo's cap 1.2 clips some tokens and not others
+VARIANTS = [("grpo", [], {}), ("bnpo", [], {}), ("dr_grpo", [], {}), ("dapo", [], {}),
+            ("grpo", ["--delta", "1.3"], {"delta": 1.3}),
+            ("cispo", ["--epsilon_high", "1.2"], {"epsilon_high": 1.2}),
+            ("sapo", ["--tau_pos", "0.8", "--tau_neg", "1.5"], {"sapo_temperature_pos": 0.8, "sapo_temperature_neg": 1.5})]
+
+
+@pytest.mark.parametrize("loss_type,flags,trl_settings", VARIANTS, ids=[" ".join([v[0], *v[1]]) for v in VARIANTS])
 @pytest.mark.parametrize("level", ["token", "sequence"])
-def test_policy_loss_equals_trl(trl_setup, tiny_dir, tmp_path, loss_type, level):
+def test_policy_loss_equals_trl(trl_setup, tiny_dir, tmp_path, loss_type, flags, trl_settings, level):
     """Through our trainer's own loss (`GRPOTrainer.loss_and_metrics`, with the batch fields its
     rollout builds, dapo's step token count included) against TRL's `_compute_loss`."""
     from swift.pipelines.base import resolve_args
@@ -81,12 +88,16 @@ def test_policy_loss_equals_trl(trl_setup, tiny_dir, tmp_path, loss_type, level)
 
     trainer, model, inputs = trl_setup
     trainer.loss_type, trainer.importance_sampling_level = loss_type, level
+    trainer.epsilon_high = trl_settings.get("epsilon_high", 0.28)
+    trainer.args.delta = trl_settings.get("delta")
+    trainer.args.sapo_temperature_pos = trl_settings.get("sapo_temperature_pos", 1.0)
+    trainer.args.sapo_temperature_neg = trl_settings.get("sapo_temperature_neg", 1.05)
     ours = RLHFPipeline(resolve_args(RLHFArguments, [
         "--model", tiny_dir, "--rlhf_type", "grpo", "--tuner_type", "full", "--dataset", "builtin:arith-sft#8",
         "--output_dir", str(tmp_path), "--reward_funcs", "accuracy", "--num_generations", "4",
         "--per_device_train_batch_size", "4", "--max_completion_length", "6", "--beta", "0.04", "--epsilon", "0.2",
         "--epsilon_high", "0.28", "--temperature", "0.7", "--loss_type", loss_type,
-        "--importance_sampling_level", level, "--report_to", "none"], "swift rlhf")).build_trainer()
+        "--importance_sampling_level", level, "--report_to", "none", *flags], "swift rlhf")).build_trainer()
     try:
         model.eval()  # TRL's eval mode: no gradient-accumulation normaliser
         ours.model.eval()
@@ -104,7 +115,7 @@ def test_policy_loss_equals_trl(trl_setup, tiny_dir, tmp_path, loss_type, level)
             loss, metrics = ours.loss_and_metrics(ours.model, ours_inputs)
     finally:
         ours.close()
-    if level == "token":
+    if level == "token" and loss_type != "sapo":
         assert metrics["clip_ratio/region_mean"] > 0  # the clip is exercised
     assert abs(loss.item() - expected.item()) < 1e-5
 
@@ -154,3 +165,29 @@ def test_shared_prompt_forward_equals_the_plain_one(tiny, lora):
     batch["prompt_ids"] = prompt.clone()
     batch["prompt_ids"][1, -1] += 1  # a group whose prompts differ: the plain forward is used
     assert _shared_prompt_logits(model, batch, n) is None
+
+
+def test_new_losses_by_hand():
+    """Two tokens with ratios 1.5 and 0.5: delta caps a negative advantage's ratio, cispo keeps a
+    gradient for the clipped token (its weight is capped and detached), sapo's gate by hand."""
+    old = torch.zeros(1, 2)
+    logps = torch.log(torch.tensor([[1.5, 0.5]])).requires_grad_()
+    mask = torch.ones(1, 2)
+    neg = torch.tensor([-1.0])
+    plain, _ = policy_loss(logps, old, neg, mask, epsilon=0.2)
+    capped, _ = policy_loss(logps, old, neg, mask, epsilon=0.2, delta=1.3)
+    assert plain.item() == pytest.approx((1.5 + 0.8) / 2)  # −min(−1.5, −1.2), −min(−0.5, −0.8)
+    assert capped.item() == pytest.approx((1.3 + 0.8) / 2)
+    pos = torch.tensor([2.0])
+    loss, info = policy_loss(logps, old, pos, mask, epsilon_high=1.2, loss_type="cispo")
+    assert loss.item() == pytest.approx(-(1.2 * 2 * math.log(1.5) + 0.5 * 2 * math.log(0.5)) / 2)
+    loss.backward()
+    assert logps.grad[0].tolist() == pytest.approx([-1.2 * 2 / 2, -0.5 * 2 / 2])  # both tokens get a gradient
+    assert info["high_clipped"].tolist() == [[True, False]]
+    clipped, _ = policy_loss(logps, old, pos, mask, epsilon_high=0.2)  # the hard clip: no gradient above 1.2
+    logps.grad = None
+    clipped.backward()
+    assert logps.grad[0, 0].item() == 0.0
+    sapo, _ = policy_loss(logps.detach(), old, pos, mask, loss_type="sapo", tau_pos=2.0)
+    gate = [4 / 2.0 / (1 + math.exp(-2.0 * (w - 1))) for w in (1.5, 0.5)]
+    assert sapo.item() == pytest.approx(-sum(g * 2 for g in gate) / 2)
