@@ -142,7 +142,7 @@ def test_steps_per_generation_must_be_a_multiple_of_accumulation(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--loss_type", "dapo", "bnpo"], "--loss_type takes one aggregation"),
+    (["--loss_type", "dapo", "bnpo"], "--loss_type takes one loss for grpo"),
     (["--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs does not apply"),
 ])
 def test_grpo_refuses_what_it_would_ignore(tmp_path, argv, message):
