@@ -2,7 +2,7 @@
 # Iterative DPO on the built-in arithmetic task, all on CPU: a model that is often wrong about carries
 # learns from its own answers, checked by the accuracy reward. Three rounds of
 #   swift sample  8 answers per prompt at temperature 1 for $PROMPTS training prompts (a new draw of
-#                 prompts each round), scored by the accuracy reward against the `solution` column;
+#                 prompts and sampling seeds each round), scored by the accuracy reward against the `solution` column;
 #                 sample_pairs.jsonl pairs a right answer (chosen) with a wrong one (rejected)
 #   swift rlhf    --rlhf_type dpo on those pairs (with RPO's NLL term on the chosen answer), one
 #                 epoch from the previous round's model, which is also its reference
@@ -32,6 +32,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 
 if [ ! -f "$QUICKSTART/sft/config.json" ]; then
     OUT="$QUICKSTART" SEED="$SEED" bash "$HERE/quickstart.sh"
+fi
+if [ -n "$(ls -A "$OUT" 2>/dev/null)" ] && [ "${OVERWRITE:-0}" != 1 ]; then
+    echo "iterative_dpo.sh: $OUT is not empty (an earlier run?): set OUT to a new directory, or OVERWRITE=1" >&2
+    exit 1
 fi
 mkdir -p "$OUT"
 

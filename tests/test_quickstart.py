@@ -1,8 +1,8 @@
 """Learning check: examples/quickstart.sh (pt then sft on built-in arithmetic) must teach the tiny
 model two-digit addition: exact match on the held-out split goes from ~0 to at least 85% (the median
 bar that benchmarks/learning_robustness.py checks over seeds and CPU kernel settings, asserted here on
-the default seed; CI runs this test a second time under `MKL_CBWR=AVX2 ATEN_CPU_CAPABILITY=avx2`,
-imitating an AVX2-only CPU)."""
+the default seed with this machine's kernels; tests/test_iterative_dpo.py is the suite's learning
+check under an AVX2-only CPU's kernels)."""
 import json
 import os
 

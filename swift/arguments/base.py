@@ -74,7 +74,7 @@ class ComposedArguments:
             for f in part_fields(cls):
                 if f.name in _NOT_SAVED or f.name.endswith(("_token", "api_key")):
                     continue
-                out[f.name] = _jsonable(getattr(part, f.name))
+                out[f.name] = to_jsonable(getattr(part, f.name))
         return out
 
     def __repr__(self) -> str:
@@ -85,15 +85,15 @@ class ComposedArguments:
 _NOT_SAVED = {"local_rank"}
 
 
-def _jsonable(value: Any) -> Any:
+def to_jsonable(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [to_jsonable(v) for v in value]
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: to_jsonable(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value):
-        return _jsonable(dataclasses.asdict(value))
+        return to_jsonable(dataclasses.asdict(value))
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)

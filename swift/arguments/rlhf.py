@@ -228,6 +228,9 @@ class RlhfArguments:
                              "`swift rollout` instead of the trainer")
         if self.delta is not None and self.delta <= 1 + self.epsilon:
             raise SwiftError(f"--delta must be greater than 1 + --epsilon ({1 + self.epsilon}), got {self.delta}")
+        if self.loss_type[0] == "cispo" and self.epsilon_high is not None and self.epsilon_high <= 1:
+            raise SwiftError(f"--epsilon_high {self.epsilon_high}: with --loss_type cispo it caps the importance "
+                             "weight itself (e.g. 5.0), so a value <= 1 would scale down every token")
         if self.delta is not None and self.loss_type[0] in ("cispo", "sapo"):
             raise SwiftError(f"--delta applies to the clipped losses, not --loss_type {self.loss_type[0]}")
         if self.tau_pos <= 0 or self.tau_neg <= 0:

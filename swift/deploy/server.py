@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from swift.deploy import openai_api as api
 from swift.deploy.guard import Guard, ServingLimits, read_body, timed_out
 from swift.deploy.openai_api import RequestError
-from swift.infer.protocol import InferRequest
+from swift.infer.protocol import InferRequest, RequestConfig
 from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
 from swift.utils.logging import get_logger
@@ -95,13 +95,6 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
 
     add_http_error_handler(app)
 
-    def pick_adapter(body: dict) -> str | None:
-        model = body.get("model") or served_model_name
-        if model not in models:
-            raise RequestError(f"model '{model}' does not exist; available: {', '.join(models)}", "model", 404,
-                               "model_not_found")
-        return None if model == served_model_name else model
-
     @app.get("/health")
     async def health():
         load = engine.load() if hasattr(engine, "load") else {}
@@ -112,31 +105,52 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "swift"}
                                            for m in models]}
 
-    async def prepared(infer_request, body: dict, config):
-        """The request as token ids with its answer length settled, or a RequestError: everything a
-        request can get wrong is found here, before it joins a batch (tokenising runs off the loop)."""
-        try:
-            prompt = await asyncio.to_thread(engine.encode, infer_request)
-        except Exception as e:  # a conversation the chat template cannot render
-            raise RequestError(f"the chat template cannot render this request: {type(e).__name__}: {e}",
-                               "messages") from None
-        if body.get("max_completion_tokens", body.get("max_tokens")) is None:  # the rest of the context
-            rest = engine.max_model_len - len(prompt)
-            config = replace(config, max_tokens=max(min(rest, limits.max_tokens_limit or rest), 1))
-        engine.check(prompt, config)
-        return InferRequest(input_ids=prompt, adapter=infer_request.adapter), config
+    add_generation_routes(app, engine, models, limits)
+    add_reward_routes(app, scorer, served_model_name, limits)
+    return app
+
+
+def pick_adapter(body: dict, models: list[str]) -> str | None:
+    """The adapter a request names in `model` (None: the base model, `models[0]`)."""
+    model = body.get("model") or models[0]
+    if model not in models:
+        raise RequestError(f"model '{model}' does not exist; available: {', '.join(models)}", "model", 404,
+                           "model_not_found")
+    return None if model == models[0] else model
+
+
+async def prepared(engine: TransformersEngine, limits: ServingLimits, infer_request: InferRequest, body: dict,
+                   config: RequestConfig) -> tuple[InferRequest, RequestConfig]:
+    """The request as token ids with its answer length settled, or a RequestError: everything a
+    request can get wrong is found here, before it joins a batch (tokenising runs off the loop)."""
+    try:
+        prompt = await asyncio.to_thread(engine.encode, infer_request)
+    except Exception as e:  # a conversation the chat template cannot render
+        raise RequestError(f"the chat template cannot render this request: {type(e).__name__}: {e}",
+                           "messages") from None
+    if body.get("max_completion_tokens", body.get("max_tokens")) is None:  # the rest of the context
+        rest = engine.max_model_len - len(prompt)
+        config = replace(config, max_tokens=max(min(rest, limits.max_tokens_limit or rest), 1))
+    engine.check(prompt, config)
+    return InferRequest(input_ids=prompt, adapter=infer_request.adapter), config
+
+
+def add_generation_routes(app: FastAPI, engine: TransformersEngine | None, models: list[str],
+                          limits: ServingLimits) -> None:
+    """POST /v1/chat/completions and /v1/completions (OpenAI's legacy contract: several prompts,
+    token-id prompts, echo, prompt log-probs)."""
 
     async def complete(request: Request, chat: bool):
         try:
             if engine is None:
                 raise RequestError("this server hosts a reward model (--task_type seq_cls); use POST /v1/rewards")
             body = await read_body(request)
-            adapter = pick_adapter(body)
+            adapter = pick_adapter(body, models)
             infer_requests = [api.chat_request(body, adapter)] if chat else api.completion_requests(body, adapter)
             config = api.request_config(body, chat)
             limits.check(config, rows=config.n * len(infer_requests))
-            model = body.get("model") or served_model_name
-            jobs = [await prepared(r, body, config) for r in infer_requests]
+            model = body.get("model") or models[0]
+            jobs = [await prepared(engine, limits, r, body, config) for r in infer_requests]
             if body.get("stream"):
                 if len(jobs) > 1 or config.prompt_logprobs is not None or (not chat and body.get("echo")):
                     raise RequestError("streaming takes one prompt, without echo or max_tokens 0", "stream")
@@ -164,9 +178,6 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await complete(request, chat=False)
-
-    add_reward_routes(app, scorer, served_model_name, limits)
-    return app
 
 
 def add_reward_routes(app: FastAPI, scorer: RewardScorer | None, served_model_name: str,

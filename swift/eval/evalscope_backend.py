@@ -1,6 +1,7 @@
 """`swift eval --eval_backend EvalScope`: EvalScope (requirements/evalscope.txt) scores the benchmarks
-through an OpenAI-compatible endpoint: `--eval_url`, or a `swift deploy` of `--model` started for
-the run on a free loopback port with a one-off API key and stopped after it.
+through an OpenAI-compatible endpoint: `--eval_url`, or a `swift deploy` of `--model` started for the
+run on a free loopback port with a one-off API key (in its 0600 config file, not on its command
+line) and stopped after it, or when this process dies.
 
 Benchmark names are ours (gsm8k, math500, cmath, general_qa, general_mcq) mapped to EvalScope's;
 `--eval_dataset_args` goes to EvalScope as its `dataset_args` (e.g. `local_path`, `subset_list`,
@@ -12,14 +13,17 @@ import importlib.util
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from typing import Any
 
-from swift.arguments.base import _jsonable, part_fields
+from swift.arguments.base import part_fields, to_jsonable
+from swift.infer.protocol import RequestConfig
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -27,11 +31,12 @@ logger = get_logger(__name__)
 NAMES = {"gsm8k": "gsm8k", "math500": "math_500", "math_500": "math_500", "cmath": "cmath",
          "general_qa": "general_qa", "general_mcq": "general_mcq"}
 SERVER_PARTS = ("model_args", "template_args", "engine_args")  # what `swift deploy` shares with `swift eval`
+SERVED_NAME = "swift-eval"
 
 
-def check(a) -> None:
-    """Names and the extra, before anything starts."""
-    for name in a.eval_dataset:
+def check(eval_dataset: list[str]) -> None:
+    """Names and the package, before anything starts."""
+    for name in eval_dataset:
         if name not in NAMES:
             raise SwiftError(f"--eval_dataset {name}: --eval_backend EvalScope takes the benchmarks "
                              f"{', '.join(sorted(set(NAMES) - {'math_500'}))} (local files through "
@@ -48,34 +53,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class DeployedModel:
-    """`swift deploy` of the eval's model in a child process (EvalScope forks its scorers, so the
-    server does not share this process), on loopback with a one-off key."""
+def _die_with_parent() -> None:  # Linux: the server gets SIGTERM when `swift eval` dies, however it dies
+    try:
+        import ctypes
 
-    def __init__(self, a, timeout: float = 600.0):
-        parts = [getattr(a, name) for name in SERVER_PARTS]
-        config = {f.name: _jsonable(getattr(p, f.name)) for p in parts for f in part_fields(type(p))}
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class DeployedModel:
+    """`swift deploy` of the eval's model in a child process (EvalScope forks its answer checkers, so
+    the server does not share this process) on loopback, behind a one-off key."""
+
+    def __init__(self, config: dict[str, Any], timeout: float = 600.0):
         self.api_key = secrets.token_hex(16)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self._config = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-        json.dump(config, self._config, default=str)
-        self._config.close()
+        self.proc: subprocess.Popen | None = None
+        self._timeout = timeout
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:  # mode 0600
+            json.dump({**config, "api_key": self.api_key, "host": "127.0.0.1", "port": self.port,
+                       "served_model_name": SERVED_NAME, "log_level": "warning"}, f)
+        self._config = f.name
         self._log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "swift", "deploy", "--config", self._config.name, "--host", "127.0.0.1",
-             "--port", str(self.port), "--api_key", self.api_key, "--served_model_name", "swift-eval",
-             "--log_level", "warning"], stdout=self._log, stderr=subprocess.STDOUT)
-        try:
-            self._wait(timeout)
-        except BaseException:
-            self.close()
-            raise
 
-    def _wait(self, timeout: float) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "swift", "deploy", "--config", self._config],
+                                     stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + self._timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self._log.seek(0)
@@ -86,10 +92,10 @@ class DeployedModel:
                     return
             except OSError:
                 time.sleep(0.5)
-        raise SwiftError(f"--eval_backend EvalScope: the model server was not up after {timeout:.0f}s")
+        raise SwiftError(f"--eval_backend EvalScope: the model server was not up after {self._timeout:.0f}s")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(30)
@@ -97,46 +103,71 @@ class DeployedModel:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
-        os.unlink(self._config.name)
+        if os.path.exists(self._config):
+            os.unlink(self._config)
 
 
-def generation_config(config, explicit_max_tokens: bool) -> dict:
+def served_model(url: str, api_key: str | None) -> str:
+    """The first model id of `GET <url>/models` (what to ask for when --model is not given)."""
+    request = urllib.request.Request(url.rstrip("/") + "/models",
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.load(response)["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise SwiftError(f"--eval_url {url}: cannot list its models ({type(e).__name__}: {e}); pass --model NAME") \
+            from None
+
+
+def generation_config(config: RequestConfig, explicit_max_tokens: bool) -> dict[str, Any]:
     """Our request settings in EvalScope's `generation_config` (its defaults are replaced whole);
     n samples become EvalScope's repeats."""
-    g = {"temperature": config.temperature, "top_p": config.top_p, "retries": 1, "retry_interval": 1}
-    if explicit_max_tokens:
-        g["max_tokens"] = config.max_tokens
-    if config.seed is not None:
-        g["seed"] = config.seed
-    if config.stop:
-        g["stop_seqs"] = list(config.stop)
-    if config.n > 1:
-        g["n"] = config.n
-    return g
+    g = config.openai_fields(max_tokens=explicit_max_tokens)
+    if "stop" in g:
+        g["stop_seqs"] = g.pop("stop")
+    if g["n"] == 1:
+        del g["n"]
+    return {**g, "retries": 1, "retry_interval": 1}
 
 
-def run(a, config, explicit_max_tokens: bool, out_dir: str) -> dict[str, dict[str, Any]]:
-    """Score every --eval_dataset with EvalScope; per benchmark its primary score (as `acc` when that
-    metric is accuracy, else under `score` with the metric's name) and every metric EvalScope reports."""
+def _row(name: str, report) -> dict[str, Any]:
+    """One benchmark's result: its primary metric (as `acc` when that is accuracy, else as `score`
+    with the metric's name) and every metric EvalScope reports."""
+    primary = report.primary_metric
+    if primary is None or primary.score is None:
+        raise SwiftError(f"--eval_dataset {name}: EvalScope named no primary metric (does a metric_list in "
+                         "--eval_dataset_args leave it out?)")
+    row = {"benchmark": report.dataset_name, "backend": "evalscope", "num_questions": report.num,
+           "metric": primary.name, "metrics": {m.name: m.score for m in report.metrics}}
+    row["acc" if primary.name.split(":")[0] in ("acc", "accuracy") else "score"] = primary.score
+    return row
+
+
+def run(a, config: RequestConfig, explicit_max_tokens: bool, out_dir: str) -> dict[str, dict[str, Any]]:
+    """Score every --eval_dataset with EvalScope."""
     from evalscope import TaskConfig, run_task
 
     server = None
     if a.eval_url:
-        url, key, model = a.eval_url, a.api_key or "EMPTY", a.model or "default"
+        url, key = a.eval_url, a.api_key or "EMPTY"
+        model = a.model or served_model(a.eval_url, a.api_key)
     else:
-        if not a.model:
+        if not a.model and not a.adapters:
             raise SwiftError("swift eval needs --model (and --adapters) or --eval_url")
-        server = DeployedModel(a)
-        url, key = server.url, server.api_key
-        model = list(a.adapters)[-1] if a.adapters else "swift-eval"
+        adapters = a.engine_args.named_adapters()
+        parts = [getattr(a, name) for name in SERVER_PARTS]
+        server = DeployedModel({f.name: to_jsonable(getattr(p, f.name)) for p in parts for f in part_fields(type(p))})
+        url, key, model = server.url, server.api_key, list(adapters)[-1] if adapters else SERVED_NAME
     names = {name: NAMES[name] for name in a.eval_dataset}
-    dataset_args = {NAMES[k]: v for k, v in a.eval_args.dataset_args.items() if k in NAMES}
-    task = TaskConfig(model=model, api_url=url, api_key=key, eval_type="openai_api",
-                      datasets=list(dict.fromkeys(names.values())), dataset_args=dataset_args,
-                      eval_batch_size=a.eval_num_proc, limit=a.eval_limit,
-                      generation_config=generation_config(config, explicit_max_tokens),
-                      work_dir=os.path.join(out_dir, "evalscope"), no_timestamp=True, seed=None)
     try:
+        task = TaskConfig(model=model, api_url=url, api_key=key, eval_type="openai_api",
+                          datasets=list(dict.fromkeys(names.values())),
+                          dataset_args={NAMES[k]: v for k, v in a.eval_args.dataset_args.items() if k in NAMES},
+                          eval_batch_size=a.eval_num_proc, limit=a.eval_limit,
+                          generation_config=generation_config(config, explicit_max_tokens),
+                          work_dir=os.path.join(out_dir, "evalscope"), no_timestamp=True, seed=None)
+        if server is not None:
+            server.start()
         reports = run_task(task_cfg=task)
     except SwiftError:
         raise
@@ -147,14 +178,7 @@ def run(a, config, explicit_max_tokens: bool, out_dir: str) -> dict[str, dict[st
             server.close()
     results = {}
     for name, es_name in names.items():
-        report = reports.get(es_name)
-        if not report:
+        if not reports.get(es_name):
             raise SwiftError(f"--eval_dataset {name}: EvalScope scored no samples (see {task.work_dir}/logs)")
-        metrics = {m.name: m.score for m in report.metrics}
-        primary = report.metrics[0].name if report.metrics else "score"
-        total = sum(s.num for m in report.metrics[:1] for c in m.categories for s in c.subsets)
-        row = {"benchmark": es_name, "backend": "evalscope", "num_questions": total, "metric": primary,
-               "metrics": metrics}
-        row["acc" if primary.split(":")[0] in ("acc", "accuracy") else "score"] = report.score
-        results[name] = row
+        results[name] = _row(name, reports[es_name])
     return results

@@ -71,17 +71,7 @@ class ClientEngine(InferEngine):
         raise SwiftError(f"{self.flag}: the server tokenizes; there is no local tokenizer")
 
     def _body(self, request: InferRequest, config: RequestConfig) -> tuple[str, dict]:
-        body = {"model": self.model, "temperature": config.temperature, "top_p": config.top_p, "n": config.n}
-        if not self.omit_max_tokens:
-            body["max_tokens"] = config.max_tokens
-        if config.seed is not None:
-            body["seed"] = config.seed
-        if config.stop:
-            body["stop"] = config.stop
-        if config.top_k:
-            body["top_k"] = config.top_k
-        if config.repetition_penalty != 1.0:
-            body["repetition_penalty"] = config.repetition_penalty
+        body = {"model": self.model, **config.openai_fields(max_tokens=not self.omit_max_tokens)}
         if request.messages is not None:
             if request.tools:
                 body["tools"] = request.tools

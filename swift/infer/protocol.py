@@ -69,6 +69,14 @@ class RequestConfig:
             if not ok:
                 raise SwiftError(message)
 
+    def openai_fields(self, max_tokens: bool = True) -> dict:
+        """The sampling fields of an OpenAI-style request body (the optional ones only when set)."""
+        body: dict = {"temperature": self.temperature, "top_p": self.top_p, "n": self.n}
+        optional = {"max_tokens": self.max_tokens if max_tokens else None, "seed": self.seed,
+                    "stop": list(self.stop) or None, "top_k": self.top_k or None,
+                    "repetition_penalty": self.repetition_penalty if self.repetition_penalty != 1.0 else None}
+        return {**body, **{k: v for k, v in optional.items() if v is not None}}
+
     def batch_key(self) -> tuple:
         """Requests with equal keys can share a decoding batch."""
         return (self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.logprobs,

@@ -44,7 +44,9 @@ def json_flag(value, flag: str) -> dict:
 class EvalOptions:
     eval_dataset: list[str] = field(default_factory=list, metadata={
         "help": "Benchmarks (gsm8k, math500, cmath, arith, general_qa, general_mcq) or local files."})
-    eval_limit: int | None = field(default=None, metadata={"help": "Questions per benchmark (the first N)."})
+    eval_limit: int | None = field(default=None, metadata={
+        "help": "Questions per benchmark (the first N; with --eval_backend EvalScope, per subset, as EvalScope counts: "
+                "math500 has 5 levels, cmath 6 grades)."})
     eval_num_proc: int = field(default=16, metadata={"help": "Requests in flight at once."})
     eval_output_dir: str = field(default="eval_output", metadata={
         "help": "Reports go to <dir>/<YYYYMMDD-HHMMSS>/ (a new directory per run)."})
@@ -279,24 +281,25 @@ def eval_main(args: EvalArguments | list[str] | None = None) -> dict[str, Any]:
     if a.eval_backend == "evalscope":
         from swift.eval import evalscope_backend
 
-        evalscope_backend.check(a)
-        out_dir = new_run_dir(a.eval_output_dir)
-        try:
-            results = evalscope_backend.run(a, *request_config(a), out_dir)
-        except BaseException:
-            shutil.rmtree(out_dir, ignore_errors=True)
-            raise
+        evalscope_backend.check(a.eval_dataset)
+
+        def score(out_dir: str) -> dict:
+            return evalscope_backend.run(a, *request_config(a), out_dir)
     else:
         benchmarks = load_benchmarks(a)
         engine, adapter = build_eval_engine(a)
-        out_dir = new_run_dir(a.eval_output_dir)
-        try:
-            results = evaluate(engine, a, adapter, benchmarks, out_dir)
-        except BaseException:
-            shutil.rmtree(out_dir, ignore_errors=True)  # this run's own directory: no report, no half of one
-            raise
-        finally:
-            engine.close()
+
+        def score(out_dir: str) -> dict:
+            try:
+                return evaluate(engine, a, adapter, benchmarks, out_dir)
+            finally:
+                engine.close()
+    out_dir = new_run_dir(a.eval_output_dir)
+    try:
+        results = score(out_dir)
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)  # this run's own directory: no report, no half of one
+        raise
     config, _ = request_config(a)
     report = {"results": results, "backend": a.eval_backend, "model": a.model, "adapters": list(a.adapters),
               "eval_url": a.eval_url,

@@ -142,7 +142,11 @@ def global_token_mean(loss: torch.Tensor, mask: torch.Tensor, *, num_items_in_ba
 CISPO_DEFAULT_CAP = 5.0  # ScaleRL's recommended ε_max for cispo when --epsilon_high is not given
 
 
-def clipped_surrogate(ratio, logps, adv, *, epsilon, epsilon_high, delta, **_):
+Surrogate = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # per-token loss, low-clipped, high-clipped flags
+
+
+def clipped_surrogate(ratio: torch.Tensor, logps: torch.Tensor, adv: torch.Tensor, *, epsilon: float,
+                      epsilon_high: float | None, delta: float | None, **_) -> Surrogate:
     """PPO's −min(w A, clip(w, 1 − ε, 1 + ε_high) A); with δ, w is first capped at δ in the first term.
     Returns the per-token loss and the low/high clipped flags."""
     high = epsilon if epsilon_high is None else epsilon_high
@@ -152,13 +156,15 @@ def clipped_surrogate(ratio, logps, adv, *, epsilon, epsilon_high, delta, **_):
     return per_token, (ratio < 1 - epsilon) & (adv < 0), (ratio > 1 + high) & (adv > 0)
 
 
-def cispo_surrogate(ratio, logps, adv, *, epsilon_high, **_):
+def cispo_surrogate(ratio: torch.Tensor, logps: torch.Tensor, adv: torch.Tensor, *, epsilon_high: float | None,
+                    **_) -> Surrogate:
     cap = CISPO_DEFAULT_CAP if epsilon_high is None else epsilon_high
     per_token = -ratio.clamp(max=cap).detach() * adv * logps
     return per_token, torch.zeros_like(ratio, dtype=torch.bool), (ratio > cap) & (adv > 0)
 
 
-def sapo_surrogate(ratio, logps, adv, *, tau_pos, tau_neg, **_):
+def sapo_surrogate(ratio: torch.Tensor, logps: torch.Tensor, adv: torch.Tensor, *, tau_pos: float, tau_neg: float,
+                   **_) -> Surrogate:
     tau = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=ratio.dtype), torch.as_tensor(tau_neg, dtype=ratio.dtype))
     per_token = -torch.sigmoid(tau * (ratio - 1)) * (4 / tau) * adv
     no_flags = torch.zeros_like(ratio, dtype=torch.bool)

@@ -6,6 +6,7 @@ completion on the built-in model or stops with one line."""
 import os
 import re
 import shlex
+import subprocess
 
 import pytest
 
@@ -104,23 +105,40 @@ def test_at_least_40_lines_are_run():
     assert len(RUN) >= 40
 
 
-@pytest.mark.parametrize("source,command,argv", RUN, ids=lambda x: x if isinstance(x, str) and "/" in x else None)
-def test_an_ms_swift_line_runs_to_completion_here(source, command, argv, tmp_path):
-    """Each ms-swift pt/sft/rlhf/infer example runs to the end on the built-in model (training: a
-    result.json; batch inference: its results; chat: ends with its input), or stops with one line
-    saying why (e.g. `--attn_impl flash_attn` without CUDA, a hub adapter that cannot be fetched)."""
-    import subprocess
+def run_line(command: str, argv: list[str], out) -> subprocess.CompletedProcess:
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("NPROC_PER_NODE", "NNODES")}
-    proc = subprocess.run([sys.executable, "-m", "swift", command, *on_this_machine(command, argv, tmp_path)],
+    return subprocess.run([sys.executable, "-m", "swift", command, *on_this_machine(command, argv, out)],
                           capture_output=True, text=True, timeout=600, input="", env={**env, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """Every line of RUN, each in its own `swift` process with one thread, two at a time (the lines
+    are independent; each process mostly imports and builds a tiny model, so two fill two cores):
+    {index: (completed process, its output dir)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    outs = [tmp_path_factory.mktemp("replay") for _ in RUN]
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda i: run_line(RUN[i][1], RUN[i][2], outs[i]), range(len(RUN))))
+    return {i: (proc, out) for i, (proc, out) in enumerate(zip(procs, outs))}
+
+
+@pytest.mark.parametrize("index", range(len(RUN)), ids=[source for source, _, _ in RUN])
+def test_an_ms_swift_line_runs_to_completion_here(index, replayed):
+    """Each ms-swift pt/sft/rlhf/infer example runs to the end on the built-in model (training: a
+    result.json; batch inference: its results; chat: ends with its input), or stops with one line
+    saying why (e.g. `--attn_impl flash_attn` without CUDA, a hub adapter that cannot be fetched)."""
+    source, command, argv = RUN[index]
+    proc, out = replayed[index]
     if proc.returncode == 0:
         COMPLETED.append(source)
         if command == "infer":
-            assert "--val_dataset" not in argv or os.path.isfile(tmp_path / "result.jsonl"), source
+            assert "--val_dataset" not in argv or os.path.isfile(out / "result.jsonl"), source
         else:
-            assert os.path.isfile(tmp_path / "result.json"), source
+            assert os.path.isfile(out / "result.json"), source
     else:
         assert "Traceback" not in proc.stderr, (source, proc.stderr[-3000:])
         assert proc.stderr.strip().splitlines()[-1].startswith(f"swift {command}: error: "), (source, proc.stderr[-500:])
@@ -144,7 +162,6 @@ def test_an_ms_swift_server_line_serves_or_stops_in_one_line(source, command, ar
     """Each ms-swift deploy/rollout example, on a free loopback port with the built-in model, comes up
     and answers (deploy: a chat completion from the real `openai` client; rollout: /health), or stops
     with one line saying why."""
-    import subprocess
     import sys
     import time
     import urllib.request

@@ -115,9 +115,9 @@ def test_pass_at_k_on_a_fixed_sample_set():
     assert summarize([[1], [0], [1]]) == {"acc": pytest.approx(2 / 3)}
 
 
-def swift(*argv: str, cwd=None) -> subprocess.CompletedProcess:
+def swift(*argv: str, cwd=None, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "swift", *argv], capture_output=True, text=True, cwd=cwd,
-                          timeout=900)
+                          env=env, timeout=900)
 
 
 def report_of(out_dir) -> tuple[dict, str]:

@@ -76,3 +76,89 @@ def test_evalscope_refuses_what_it_cannot_score(tmp_path):
             eval_main(["--model", "builtin:tiny-chat", "--eval_dataset", "gsm8k", "--eval_backend", "EvalScope",
                        "--eval_output_dir", str(tmp_path / "out")])
         assert not os.path.exists(tmp_path / "out")
+
+
+FAKE_EVALSCOPE = '''
+"""A stand-in for evalscope's API: records what swift hands it, asks the server one question, and
+returns a report whose primary metric is acc 0.75 (or none)."""
+import json, os, urllib.request
+
+
+class TaskConfig:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+class Metric:
+    def __init__(self, name, score):
+        self.name, self.score = name, score
+
+
+class Report:
+    def __init__(self, dataset_name, primary):
+        self.dataset_name, self.primary_metric, self.num = dataset_name, primary, 3
+        self.metrics = [Metric("bleu-1", 0.1)] + ([primary] if primary else [])
+
+
+def run_task(task_cfg):
+    body = {"model": task_cfg.model, "messages": [{"role": "user", "content": "07+45="}], "max_tokens": 4}
+    request = urllib.request.Request(task_cfg.api_url + "/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + task_cfg.api_key,
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as r:
+        answer = json.load(r)["choices"][0]["message"]["content"]
+    children = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if "PPid:\\t%d\\n" % os.getpid() in open("/proc/%s/status" % pid).read():
+                children.append(open("/proc/%s/cmdline" % pid).read().replace("\\0", " "))
+        except OSError:
+            pass
+    record = {k: getattr(task_cfg, k) for k in ("model", "api_url", "datasets", "dataset_args", "limit",
+                                                 "eval_batch_size", "generation_config", "work_dir")}
+    record.update(answer=answer, children=children, key=task_cfg.api_key)
+    json.dump(record, open(os.environ["FAKE_EVALSCOPE_RECORD"], "w"))
+    primary = None if os.environ.get("FAKE_EVALSCOPE_NO_PRIMARY") else Metric("acc:mean", 0.75)
+    return {name: Report(name, primary) for name in task_cfg.datasets}
+'''
+
+
+def test_the_started_server_and_what_evalscope_is_given(tmp_path):
+    """Through the real command with a stand-in `evalscope` package (so this runs wherever the tests
+    do): the adapter is asked for by its name, the one-off key is never on a command line, the server
+    answers during the run and is gone after it, settings reach EvalScope, and a report without a
+    primary metric stops in one line and leaves no run directory."""
+    import socket
+
+    from swift.pipelines.train import sft_main
+    from tests.conftest import train_argv
+
+    adapter = tmp_path / "adapter"
+    sft_main(train_argv(adapter, "--learning_rate", "5e-2", "--max_steps", "2"))
+    fake = tmp_path / "fake"
+    (fake / "evalscope").mkdir(parents=True)
+    (fake / "evalscope" / "__init__.py").write_text(FAKE_EVALSCOPE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_EVALSCOPE_RECORD": str(tmp_path / "record.json")}
+    argv = ["--model", "builtin:tiny-chat", "--adapters", f"arith={adapter}", "--eval_backend", "EvalScope",
+            "--eval_dataset", "gsm8k", "math500", "--eval_limit", "3", "--eval_num_proc", "4",
+            "--eval_dataset_args", '{"math500": {"local_path": "/data/math500"}}']
+    proc = swift("eval", *argv, "--eval_output_dir", str(tmp_path / "out"), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.load(open(tmp_path / "record.json"))
+    assert record["model"] == "arith" and isinstance(record["answer"], str)
+    assert record["datasets"] == ["gsm8k", "math_500"] and record["dataset_args"] == {"math_500": {"local_path": "/data/math500"}}
+    assert record["limit"] == 3 and record["eval_batch_size"] == 4 and record["generation_config"]["temperature"] == 0.0
+    deploys = [c for c in record["children"] if " deploy " in c]
+    assert len(deploys) == 1 and record["key"] not in deploys[0]
+    report, path = report_of(tmp_path / "out")
+    assert report["results"]["gsm8k"] == {"benchmark": "gsm8k", "backend": "evalscope", "num_questions": 3,
+                                          "metric": "acc:mean", "metrics": {"bleu-1": 0.1, "acc:mean": 0.75},
+                                          "acc": 0.75}
+    assert record["work_dir"] == os.path.join(path, "evalscope")
+    port = int(record["api_url"].split(":")[-1].split("/")[0])
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    proc = swift("eval", *argv, "--eval_output_dir", str(tmp_path / "none"), env={**env, "FAKE_EVALSCOPE_NO_PRIMARY": "1"})
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert "EvalScope named no primary metric" in proc.stderr and not os.listdir(tmp_path / "none")

@@ -82,7 +82,7 @@ def test_gkd_does_not_depend_on_gradient_accumulation(tmp_path, tiny):
 
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo"])
 def test_grpo_does_not_depend_on_gradient_accumulation(tmp_path, loss_type):
     # one generation batch of 2 prompts × 4 completions either way: sampled in one engine call,
     # scored together, then trained as 1 micro-batch of 8 or 2 of 4

@@ -72,7 +72,7 @@ def trl_setup(tmp_path_factory, tiny_dir):
 
 # (loss type, extra flags, TRL settings): cispo's cap 1.2 clips some tokens and not others
 VARIANTS = [("grpo", [], {}), ("bnpo", [], {}), ("dr_grpo", [], {}), ("dapo", [], {}),
-            ("grpo", ["--delta", "1.3"], {"delta": 1.3}),
+            ("grpo", ["--delta", "1.21"], {"delta": 1.21}),
             ("cispo", ["--epsilon_high", "1.2"], {"epsilon_high": 1.2}),
             ("sapo", ["--tau_pos", "0.8", "--tau_neg", "1.5"], {"sapo_temperature_pos": 0.8, "sapo_temperature_neg": 1.5})]
 
@@ -117,6 +117,10 @@ def test_policy_loss_equals_trl(trl_setup, tiny_dir, tmp_path, loss_type, flags,
         ours.close()
     if level == "token" and loss_type != "sapo":
         assert metrics["clip_ratio/region_mean"] > 0  # the clip is exercised
+    if level == "token" and "delta" in trl_settings:  # and so is δ: without it the loss differs
+        plain, _ = policy_loss(logps, old, inputs["advantages"], mask.float(), epsilon=0.2, epsilon_high=0.28,
+                               beta=0.04, ref_logps=ref)
+        assert abs(plain.item() - loss.item()) > 1e-4
     assert abs(loss.item() - expected.item()) < 1e-5
 
 
