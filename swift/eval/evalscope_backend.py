@@ -53,13 +53,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # Linux: the server gets SIGTERM when `swift eval` dies, however it dies
+def _parent_death_signal():
+    """A function for the child (between fork and exec) that asks Linux to send it SIGTERM when
+    `swift eval` dies, however it dies; resolved here, before the fork (no imports in the child)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class DeployedModel:
@@ -80,7 +83,7 @@ class DeployedModel:
 
     def start(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "swift", "deploy", "--config", self._config],
-                                     stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                     stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_parent_death_signal())
         deadline = time.monotonic() + self._timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -89,6 +92,7 @@ class DeployedModel:
                 raise SwiftError(f"--eval_backend EvalScope: the model server did not start: {tail[0]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
+                    os.unlink(self._config)  # read by now: the key leaves the disk
                     return
             except OSError:
                 time.sleep(0.5)
@@ -145,7 +149,11 @@ def _row(name: str, report) -> dict[str, Any]:
 
 def run(a, config: RequestConfig, explicit_max_tokens: bool, out_dir: str) -> dict[str, dict[str, Any]]:
     """Score every --eval_dataset with EvalScope."""
-    from evalscope import TaskConfig, run_task
+    try:
+        from evalscope import TaskConfig, run_task
+    except Exception as e:  # installed beside swift's pins (datasets 5), it may not import
+        raise SwiftError(f"--eval_backend EvalScope: evalscope does not import here ({type(e).__name__}: {e}); "
+                         "give it its own environment (docs/eval.md)") from None
 
     server = None
     if a.eval_url:
