@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from typing import Any
 from swift.arguments.base import part_fields, to_jsonable
 from swift.infer.protocol import RequestConfig
 from swift.utils.logging import get_logger
+from swift.utils.network import free_port
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
@@ -47,12 +47,6 @@ def check(eval_dataset: list[str]) -> None:
                          "requirements/evalscope.txt && pip install --no-deps -e . (docs/eval.md)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _parent_death_signal():
     """A function for the child (between fork and exec) that asks Linux to send it SIGTERM when
     `swift eval` dies, however it dies; resolved here, before the fork (no imports in the child)."""
@@ -71,7 +65,7 @@ class DeployedModel:
 
     def __init__(self, config: dict[str, Any], timeout: float = 600.0):
         self.api_key = secrets.token_hex(16)
-        self.port = _free_port()
+        self.port = free_port("127.0.0.1")
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.proc: subprocess.Popen | None = None
         self._timeout = timeout

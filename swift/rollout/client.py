@@ -18,16 +18,11 @@ from swift.rollout.runner import Trajectory
 from swift.rollout.weight_sync import WeightGroup, plan_buckets
 from swift.utils.checksum import checksum
 from swift.utils.logging import get_logger
+from swift.utils.network import free_port
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 TRAJECTORY_FIELDS = {f.name for f in fields(Trajectory)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _local_address(server_host: str) -> str:
@@ -121,7 +116,7 @@ class RolloutClient:
 
     # -- weight sync -------------------------------------------------------------------------------
     def init_communicator(self) -> None:
-        host, port = _local_address(self.host), _free_port()
+        host, port = _local_address(self.host), free_port()
         world = self.world_size + 1
         answer = self._post("/init_communicator/", {"host": host, "port": port, "world_size": world,
                                                     "timeout": self.timeout})
