@@ -115,9 +115,10 @@ REASONS: dict[str, tuple[str, ...]] = {
          "reward_model_revision", "teacher_adapters", "teacher_model_type", "teacher_model_revision"),
     "this DPO loss variant is not implemented": ("ld_alpha", "discopop_tau"),
     "GKD keeps the teacher loaded": ("offload_teacher_model",),
-    "--rlhf_type ppo is not in this version yet":
-        ("num_ppo_epochs", "response_length", "whiten_rewards", "kl_coef", "cliprange", "vf_coef", "cliprange_value", "gamma", "lam",
-         "num_mini_batches", "local_rollout_forward_batch_size", "num_sample_generations", "missing_eos_penalty"),
+    "PPO's completion budget is --max_completion_length": ("response_length",),
+    "PPO's rollout forwards run one micro-batch (--per_device_train_batch_size) at a time":
+        ("local_rollout_forward_batch_size",),
+    "PPO evaluates by sampling the --val_dataset every --eval_steps, as GRPO": ("num_sample_generations",),
     "GRPO evaluation generates --num_generations samples": ("num_generations_eval",),
     "reward models are given by --reward_model / --reward_model_url; plugins register reward functions":
         ("reward_model_plugin",),

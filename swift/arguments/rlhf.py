@@ -10,7 +10,8 @@ from swift.utils.registry import SwiftError
 
 @dataclass
 class RlhfArguments:
-    rlhf_type: str = field(default="dpo", metadata={"help": "Algorithm: dpo, orpo, simpo, cpo, kto, rm, prm, gkd, grpo."})
+    rlhf_type: str = field(default="dpo", metadata={
+        "help": "Algorithm: dpo, orpo, simpo, cpo, kto, rm, prm, gkd, grpo, ppo."})
     ref_model: str | None = field(default=None, metadata={
         "help": "Reference model (default: the frozen starting model; for LoRA, the policy with adapters disabled)."})
     ref_adapters: list[str] = field(default_factory=list, metadata={
@@ -20,10 +21,13 @@ class RlhfArguments:
         "help": "Compute the reference log-probs of every sample once before training, then free the reference."})
     beta: float | None = field(default=None, metadata={
         "help": "β: KL strength (dpo, kto 0.1), odds-ratio weight (orpo 0.1), reward scale (cpo 0.1, simpo 2.0), "
-                "JSD interpolation (gkd 0.5), KL weight (grpo 0.04; 0 loads no reference model)."})
+                "JSD interpolation (gkd 0.5), KL weight (grpo 0.04; 0 loads no reference model), initial KL "
+                "coefficient of the reward (ppo 0.05; also --kl_coef, OpenRLHF's --init_kl_coef)."})
     loss_type: list[str] | None = field(default=None, metadata={
         "help": "dpo: losses, summed: sigmoid (default), ipo, hinge, robust, bco_pair, sppo_hard, nca_pair, apo_zero, "
-                "apo_down. grpo: grpo (default), bnpo, dr_grpo, dapo (aggregations of the clipped loss), cispo, sapo."})
+                "apo_down. grpo: grpo (default), bnpo, dr_grpo, dapo (aggregations of the clipped loss), cispo, sapo. "
+                "ppo: the same, default dapo (the token mean over the optimizer step); the value loss is "
+                "aggregated alike."})
     loss_weights: list[float] = field(default_factory=list, metadata={"help": "Weight of each --loss_type (default 1)."})
     label_smoothing: float = field(default=0.0, metadata={
         "help": "Assumed label-flip rate ε: cDPO with sigmoid, the robust loss's ε; also cpo and simpo."})
@@ -70,6 +74,7 @@ class RlhfArguments:
                                  "http://HOST:PORT (the rollout server speaks plain HTTP)")
             self.vllm_server_host, self.vllm_server_port = url.hostname, port or 80
         algo = ALGORITHMS.get(self.rlhf_type)
+        self._apply_aliases()
         for name, value in algo.defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
@@ -86,6 +91,7 @@ class RlhfArguments:
             raise SwiftError(f"--label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
         if self.beta is not None and self.beta <= 0 and algo.trainer == "preference":
             raise SwiftError(f"--beta must be > 0, got {self.beta}")
+        self._check_ppo()
         if algo.trainer == "rollout":
             self._check_online()
         if algo.trainer == "distill":
@@ -97,7 +103,9 @@ class RlhfArguments:
                 raise SwiftError(f"--lmbda must be in [0, 1], got {self.lmbda}")
 
     # -- online RL (grpo) ---------------------------------------------------------------------------
-    num_generations: int = field(default=8, metadata={"help": "grpo: completions sampled per prompt (a group)."})
+    num_generations: int | None = field(default=None, metadata={
+        "help": "grpo: completions sampled per prompt (a group; default 8, ppo 1). OpenRLHF: --n_samples_per_prompt."})
+    n_samples_per_prompt: int | None = field(default=None, metadata={"help": "OpenRLHF's name for --num_generations."})
     reward_funcs: list[str] = field(default_factory=list, metadata={
         "help": "grpo: reward functions: accuracy, format, react_format, cosine, repetition, soft_overlong, toolbench, "
                 "gym_reward, names added by --external_plugins, module:Class, or an OpenRLHF reward_func .py file."})
@@ -106,6 +114,9 @@ class RlhfArguments:
     reward_model: str | None = field(default=None, metadata={"help": "grpo: a local seq_cls reward model directory."})
     reward_model_url: str | None = field(default=None, metadata={
         "help": "grpo: URL of a `swift deploy --task_type seq_cls` server (its /v1/rewards)."})
+    remote_rm_url: str | None = field(default=None, metadata={
+        "help": "OpenRLHF's name: an http(s) URL is --reward_model_url, a .py file defining reward_func is added "
+                "to --reward_funcs."})
     external_plugins: list[str] = field(default_factory=list, metadata={
         "help": "Python files imported at start (register rewards in swift.rewards.orms, schedulers in "
                 "swift.rollout.multi_turn.multi_turns)."})
@@ -118,20 +129,23 @@ class RlhfArguments:
                 "advantages."})
     tau_pos: float = field(default=1.0, metadata={"help": "grpo --loss_type sapo: gate temperature where A > 0."})
     tau_neg: float = field(default=1.05, metadata={"help": "grpo --loss_type sapo: gate temperature where A ≤ 0."})
-    num_iterations: int = field(default=1, metadata={
-        "help": "grpo: optimizer passes over each generation batch; each pass is its own optimizer step(s)."})
+    num_iterations: int | None = field(default=None, metadata={
+        "help": "grpo: optimizer passes over each generation batch; each pass is its own optimizer step(s) "
+                "(default 1, ppo 4; --num_ppo_epochs is TRL's name)."})
     steps_per_generation: int | None = field(default=None, metadata={
         "help": "grpo: micro-batches per generation batch (default --gradient_accumulation_steps); a multiple of it."})
     generation_batch_size: int | None = field(default=None, metadata={
         "help": "grpo: completions per generation batch over all ranks (TRL's name; instead of "
                 "--steps_per_generation): per_device_train_batch_size × world size × steps_per_generation."})
-    advantage_estimator: str = field(default="grpo", metadata={
-        "help": "grpo: grpo, rloo, reinforce_plus_plus, reinforce_baseline, dr_grpo."})
+    advantage_estimator: str | None = field(default=None, metadata={
+        "help": "grpo: grpo (default), rloo, reinforce_plus_plus, reinforce_baseline, dr_grpo; OpenRLHF's "
+                "group_norm (= grpo) and reinforce (= reinforce_plus_plus). ppo: gae (a learned critic)."})
     scale_rewards: str | None = field(default=None, metadata={
         "help": "grpo: divide advantages by the group's or batch's reward std: group, batch, none "
                 "(default group for the grpo estimator, none otherwise)."})
     importance_sampling_level: str = field(default="token", metadata={"help": "grpo: token, or sequence (GSPO)."})
-    kl_estimator: str = field(default="k3", metadata={"help": "grpo: KL estimator k1, k2 or k3 (weighted by --beta)."})
+    kl_estimator: str | None = field(default=None, metadata={
+        "help": "KL estimator k1, k2 or k3, weighted by --beta (grpo default k3, in the loss; ppo k1, in the reward)."})
     top_entropy_quantile: float = field(default=1.0, metadata={
         "help": "grpo: train only on this top fraction of completion tokens by entropy (1.0 = all)."})
     dynamic_sample: bool = field(default=False, metadata={
@@ -191,10 +205,100 @@ class RlhfArguments:
         "help": "grpo colocate: fraction of accelerator memory vLLM may take."})
     vllm_max_model_len: int | None = field(default=None, metadata={"help": "grpo colocate: vLLM context length."})
 
+    # -- ppo ---------------------------------------------------------------------------------------
+    critic_model: str | None = field(default=None, metadata={
+        "help": "ppo: the critic's starting weights (a causal LM or seq_cls directory, e.g. a reward model from "
+                "--rlhf_type rm); a value head is put on it. Default: --model. LoRA or full as --tuner_type."})
+    critic_learning_rate: float | None = field(default=None, metadata={
+        "help": "ppo: the critic's learning rate (default --learning_rate; the same schedule)."})
+    num_ppo_epochs: int | None = field(default=None, metadata={"help": "ppo: TRL's name for --num_iterations (4)."})
+    num_mini_batches: int | None = field(default=None, metadata={
+        "help": "ppo: optimizer steps per pass over a rollout batch (TRL's name; --steps_per_generation = "
+                "num_mini_batches × --gradient_accumulation_steps; default 1)."})
+    kl_coef: float | None = field(default=None, metadata={"help": "ppo: TRL's name for --beta (0.05)."})
+    init_kl_coef: float | None = field(default=None, metadata={"help": "ppo: OpenRLHF's name for --beta."})
+    kl_target: float | None = field(default=None, metadata={
+        "help": "ppo: adaptive KL controller: steer the mean sequence KL towards this value (off by default)."})
+    kl_horizon: int = field(default=10000, metadata={"help": "ppo: horizon of the adaptive KL controller."})
+    cliprange: float | None = field(default=None, metadata={"help": "ppo: TRL's name for --epsilon (0.2)."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "ppo: clip range of the value update."})
+    vf_coef: float = field(default=0.1, metadata={"help": "ppo: weight of the value loss."})
+    gamma: float = field(default=1.0, metadata={"help": "ppo: discount γ of GAE."})
+    lam: float = field(default=0.95, metadata={"help": "ppo: λ of GAE."})
+    whiten_rewards: bool = field(default=False, metadata={
+        "help": "ppo: whiten the per-token rewards over the batch (their mean kept) before GAE."})
+    missing_eos_penalty: float | None = field(default=None, metadata={
+        "help": "ppo: subtract this from the score of a completion cut at --max_completion_length."})
+    reward_clip_range: list[float] = field(default_factory=list, metadata={
+        "help": "ppo: LOW HIGH: clip each completion's score to this range (OpenRLHF clips to -10 10)."})
+
+    def _apply_aliases(self) -> None:
+        """TRL's and OpenRLHF's names for our flags; both given with different values is an error."""
+        for alias, name in (("n_samples_per_prompt", "num_generations"), ("num_ppo_epochs", "num_iterations"),
+                            ("kl_coef", "beta"), ("init_kl_coef", "beta"), ("cliprange", "epsilon")):
+            value = getattr(self, alias)
+            if value is None:
+                continue
+            ours = getattr(self, name)
+            if ours is not None and ours != value and not (name == "epsilon" and ours == 0.2):
+                raise SwiftError(f"--{alias} {value} and --{name} {ours} name the same setting; give one")
+            setattr(self, name, value)
+        if self.advantage_estimator in OPENRLHF_ESTIMATORS:
+            self.advantage_estimator = OPENRLHF_ESTIMATORS[self.advantage_estimator]
+        if self.remote_rm_url:
+            if self.remote_rm_url.startswith(("http://", "https://")):
+                if self.reward_model_url:
+                    raise SwiftError("--remote_rm_url and --reward_model_url name the same setting; give one")
+                self.reward_model_url = self.remote_rm_url
+            elif self.remote_rm_url.endswith(".py"):
+                self.reward_funcs = [*self.reward_funcs, self.remote_rm_url]
+            else:
+                raise SwiftError(f"--remote_rm_url {self.remote_rm_url!r} must be an http(s) URL or a .py file "
+                                 "defining reward_func")
+
+    def _check_ppo(self) -> None:
+        if not self.algorithm.critic:
+            for name in ("critic_model", "critic_learning_rate", "num_mini_batches", "kl_target",
+                         "missing_eos_penalty"):
+                if getattr(self, name) is not None:
+                    raise SwiftError(f"--{name} applies to --rlhf_type ppo (a learned critic), not {self.rlhf_type}")
+            if self.whiten_rewards or self.reward_clip_range:
+                flag = "whiten_rewards" if self.whiten_rewards else "reward_clip_range"
+                raise SwiftError(f"--{flag} applies to --rlhf_type ppo, not {self.rlhf_type}")
+            if self.advantage_estimator == "gae":
+                raise SwiftError("--advantage_estimator gae needs a learned critic: use --rlhf_type ppo")
+            return
+        if self.advantage_estimator != "gae":
+            raise SwiftError(f"--rlhf_type ppo estimates advantages with its critic (gae), not "
+                             f"--advantage_estimator {self.advantage_estimator}; for critic-free estimators use "
+                             "--rlhf_type grpo")
+        for name in ("dynamic_sample",):
+            if getattr(self, name):
+                raise SwiftError(f"--{name} resamples groups of equal rewards, which PPO's critic does not need")
+        if self.scale_rewards is not None:
+            raise SwiftError("--scale_rewards applies to grpo's group advantages; ppo whitens its GAE advantages "
+                             "(and --whiten_rewards its rewards)")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
+            raise SwiftError(f"--gamma and --lam must be in [0, 1], got {self.gamma} and {self.lam}")
+        if self.vf_coef < 0 or self.cliprange_value <= 0:
+            raise SwiftError("--vf_coef must be >= 0 and --cliprange_value > 0")
+        if self.kl_target is not None and (self.kl_target <= 0 or self.kl_horizon <= 0):
+            raise SwiftError("--kl_target and --kl_horizon must be positive")
+        if self.reward_clip_range and (len(self.reward_clip_range) != 2
+                                       or self.reward_clip_range[0] >= self.reward_clip_range[1]):
+            raise SwiftError(f"--reward_clip_range takes LOW HIGH with LOW < HIGH, got {self.reward_clip_range}")
+        if self.num_mini_batches is not None and self.num_mini_batches < 1:
+            raise SwiftError(f"--num_mini_batches must be >= 1, got {self.num_mini_batches}")
+        if self.num_mini_batches is not None and (self.steps_per_generation or self.generation_batch_size):
+            raise SwiftError("give --num_mini_batches or --steps_per_generation / --generation_batch_size, not both")
+        if self.critic_learning_rate is not None and self.critic_learning_rate < 0:
+            raise SwiftError(f"--critic_learning_rate must be >= 0, got {self.critic_learning_rate}")
+
     def _check_online(self) -> None:
         from swift.rlhf.grpo import ADVANTAGE_ESTIMATORS
 
-        ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
+        if self.advantage_estimator != "gae":
+            ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
         choices = {"scale_rewards": (None, "group", "batch", "none"), "importance_sampling_level": ("token", "sequence"),
                    "kl_estimator": ("k1", "k2", "k3"), "vllm_mode": ("colocate", "server"),
                    "rollout_mode": ("colocate", "server"),
@@ -203,7 +307,9 @@ class RlhfArguments:
             if getattr(self, name) not in allowed:
                 raise SwiftError(f"--{name} {getattr(self, name)!r} is not one of "
                                  f"{', '.join(a for a in allowed if a)}")
-        if self.num_generations < 2 and self.advantage_estimator != "reinforce_plus_plus":
+        if self.num_generations < 1:
+            raise SwiftError(f"--num_generations must be >= 1, got {self.num_generations}")
+        if self.num_generations < 2 and self.advantage_estimator not in ("reinforce_plus_plus", "gae"):
             raise SwiftError(f"--num_generations must be at least 2 for --advantage_estimator "
                              f"{self.advantage_estimator} (advantages compare completions of one prompt)")
         if self.num_iterations < 1:
@@ -211,7 +317,8 @@ class RlhfArguments:
         if self.steps_per_generation is not None and self.generation_batch_size is not None:
             raise SwiftError("give --steps_per_generation or --generation_batch_size, not both")
         if len(self.loss_type) != 1:
-            raise SwiftError(f"--loss_type takes one loss for grpo (grpo, bnpo, dr_grpo, dapo, cispo or sapo), got "
+            raise SwiftError(f"--loss_type takes one loss for {self.rlhf_type} (grpo, bnpo, dr_grpo, dapo, cispo or "
+                             f"sapo), got "
                              f"{' '.join(self.loss_type)}")
         if self.precompute_ref_log_probs:
             raise SwiftError("--precompute_ref_log_probs does not apply to --rlhf_type grpo: its completions are "
@@ -249,6 +356,9 @@ class RlhfArguments:
         return ALGORITHMS.get(self.rlhf_type)
 
 
+OPENRLHF_ESTIMATORS = {"group_norm": "grpo", "reinforce": "reinforce_plus_plus"}
+
+
 class RLHFArguments(SftArguments):
     """`swift rlhf`: preference alignment, reward models and distillation on the shared trainer path."""
 
@@ -279,11 +389,15 @@ class RLHFArguments(SftArguments):
         if self.ref_adapters and not (algo.reference and self.beta != 0):
             raise SwiftError(f"--ref_adapters: --rlhf_type {self.rlhf_type} uses no reference model here")
         uses_reference = algo.reference and not self.ref_model and not self.ref_adapters \
-            and not (self.rlhf_type == "grpo" and not self.beta)
+            and not (algo.trainer == "rollout" and not self.beta)
         changes_base = self.lora_bias != "none" or str(self.init_weights).lower() in ("pissa", "olora")
         if self.tuner_type == "lora" and uses_reference and changes_base:
             raise SwiftError("--lora_bias / --init_weights pissa|olora change the base model's weights, so the model "
                              "with its adapter switched off is no longer the reference: pass --ref_model")
+        if algo.critic and (self.training_args.deepspeed_config or self.training_args.fsdp):
+            engine = "deepspeed" if self.training_args.deepspeed_config else "fsdp"
+            raise SwiftError(f"--rlhf_type ppo under --{engine} is not in this version yet (its critic is trained "
+                             "beside the policy on each rank); use DDP (NPROC_PER_NODE) or one process")
         if self.training_args.deepspeed_config:
             self._check_deepspeed(algo)
 

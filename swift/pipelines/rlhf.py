@@ -5,6 +5,7 @@ The algorithm's registry entry picks the row encoder (by its `data`), the traine
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ from swift.pipelines.base import resolve_args
 from swift.pipelines.train import TrainPipeline
 from swift.template.base import IGNORE_INDEX, RowError, Template
 from swift.trainers.grpo import GRPOTrainer
+from swift.trainers.ppo import PPOTrainer
 from swift.trainers.rlhf import ClassifierTrainer, DistillTrainer, PreferenceTrainer
 from swift.utils.registry import SwiftError
 
@@ -173,7 +175,8 @@ class RLHFPipeline(TrainPipeline):
             import_plugin(path)
         super().__init__(args)
         self.algorithm = args.rlhf_args.algorithm
-        self.trainer_cls = TRAINERS[self.algorithm.trainer]
+        # an online algorithm with a learned critic trains it beside the policy
+        self.trainer_cls = PPOTrainer if self.algorithm.critic else TRAINERS[self.algorithm.trainer]
 
     def row_encoder(self, template: Template):
         return functools.partial(_encode_row, ENCODERS[self.algorithm.data], template, self.args)
@@ -239,9 +242,28 @@ class RLHFPipeline(TrainPipeline):
             raise SwiftError(f"--per_device_train_batch_size ({a.per_device_train_batch_size}) counts completions and "
                              f"must be a multiple of --num_generations ({a.num_generations})")
         funcs = build_reward_funcs(a.reward_funcs, a.rlhf_args, a.reward_model, a.reward_model_url)
-        return {"reward_manager": RewardManager(funcs, a.reward_weights or None),
-                "scheduler": build_scheduler(a.multi_turn_scheduler, a.max_turns, env=a.gym_env),
-                "engine_factory": self._engine_factory()}
+        parts = {"reward_manager": RewardManager(funcs, a.reward_weights or None),
+                 "scheduler": build_scheduler(a.multi_turn_scheduler, a.max_turns, env=a.gym_env),
+                 "engine_factory": self._engine_factory()}
+        if self.algorithm.critic:
+            parts["critic_model"] = self._critic()
+        return parts
+
+    def _critic(self):
+        """The value model: a one-label token-classification head on --critic_model (default: the
+        policy's starting weights, its --adapters merged in), tuned as --tuner_type."""
+        from peft import PeftModel
+
+        from swift.tuners import prepare_model
+
+        a = self.args
+        critic = load_model(a.critic_model or a.model, use_hf=a.use_hf,
+                            revision=None if a.critic_model else a.model_revision, torch_dtype=a.torch_dtype,
+                            attn_impl=a.attn_impl, task_type="token_cls", num_labels=1, check_model=a.check_model)[0]
+        if not a.critic_model:
+            for path in a.adapters:
+                critic = PeftModel.from_pretrained(critic, path).merge_and_unload()
+        return prepare_model(critic, dataclasses.replace(a.tuner_args, adapters=[]), task_type="token_cls")
 
     def _engine_factory(self):
         a = self.args

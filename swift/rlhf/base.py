@@ -23,6 +23,7 @@ class Algorithm:
         (the logits of the labelled positions only); rollout: `swift.rlhf.grpo.policy_loss`.
     defaults: default argument values (e.g. beta) that the user did not set.
     whole_sequence_nll: the preference trainer also sums log-probs over every token (prompt included).
+    critic: online RL with a learned value model (PPO): per-token advantages by GAE.
     """
 
     trainer: str
@@ -34,6 +35,7 @@ class Algorithm:
     defaults: dict = field(default_factory=dict)
     loss_types: Registry | None = None
     whole_sequence_nll: bool = False
+    critic: bool = False
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("rlhf algorithm")

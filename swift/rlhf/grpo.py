@@ -180,7 +180,7 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
                 ref_logps: torch.Tensor | None = None, kl_type: str = "k3", importance_sampling_level: str = "token",
                 loss_type: str = "grpo", max_completion_length: int | None = None, token_weights=None,
                 num_items_in_batch=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The policy objective of every completion token ([B, T] tensors; `advantages` [B]), aggregated by
+    """The policy objective of every completion token ([B, T] tensors; `advantages` [B], or [B, T]), aggregated by
     `loss_type`. `token_weights` (e.g. the high-entropy mask) multiply the policy term. Returns the loss
     and per-token diagnostics (ratio, clipped flags, kl)."""
     log_ratio = logps - old_logps
@@ -189,7 +189,7 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
     elif importance_sampling_level != "token":
         raise ValueError(f"importance_sampling_level must be token or sequence, got {importance_sampling_level!r}")
     ratio = torch.exp(log_ratio)
-    adv = advantages.unsqueeze(-1)
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # per sequence, or per token (PPO)
     surrogate = SURROGATES.get(loss_type, clipped_surrogate)
     per_token, low_clipped, high_clipped = surrogate(ratio, logps, adv, epsilon=epsilon, epsilon_high=epsilon_high,
                                                      delta=delta, tau_pos=tau_pos, tau_neg=tau_neg)
@@ -207,5 +207,8 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
     return loss, info
 
 
-ALGORITHMS.register("grpo", Algorithm(trainer="rollout", data="prompt", loss=policy_loss, reference=True,
-                                      defaults={"beta": 0.04, "loss_type": ["grpo"]}, loss_types=POLICY_LOSSES))
+ALGORITHMS.register("grpo", Algorithm(
+    trainer="rollout", data="prompt", loss=policy_loss, reference=True,
+    defaults={"beta": 0.04, "loss_type": ["grpo"], "kl_estimator": "k3", "num_generations": 8,
+              "advantage_estimator": "grpo", "num_iterations": 1},
+    loss_types=POLICY_LOSSES))

@@ -78,3 +78,15 @@ def _shared_prompt_logits(model, batch: dict, n: int) -> list[torch.Tensor] | No
     tail = model(input_ids=tail_ids, attention_mask=mask, position_ids=tail_positions, past_key_values=cache,
                  use_cache=True).logits
     return [head, tail]
+
+
+def token_values(model, batch: dict) -> torch.Tensor:
+    """A critic's values ([B, Lc], float32) at the positions that predict each completion token (the
+    positions of the log-probs above): its one-label token-classification head, run on the left-padded
+    prompt and right-padded completion."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    start = batch["prompt_ids"].size(1) - 1
+    return out[:, start:start + batch["completion_ids"].size(1), 0].float()

@@ -94,6 +94,8 @@ class GRPOTrainer(RLHFTrainer):
     def _steps_per_generation(self) -> int:
         a, ga = self.rlhf_args, self.args.gradient_accumulation_steps
         steps = a.steps_per_generation
+        if a.num_mini_batches:  # PPO's name: optimizer steps per pass over the rollout batch
+            steps = a.num_mini_batches * ga
         if a.generation_batch_size is not None:
             per_step = self.args.per_device_train_batch_size * self.args.world_size
             if a.generation_batch_size % per_step:
@@ -144,7 +146,14 @@ class GRPOTrainer(RLHFTrainer):
         checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         pending = (self._pending[0], self._pending[1].result()) if self._pending is not None else None
         torch.save({"uses": self._uses, "buffer": self._buffer if self._uses % self.cycle else [],
-                    "pending": pending}, self._state_path(checkpoint))
+                    "pending": pending, **self._loop_state()}, self._state_path(checkpoint))
+
+    def _loop_state(self) -> dict:
+        """More of the loop's state for checkpoints (PPO: its KL controller)."""
+        return {}
+
+    def _load_loop_state(self, state: dict, checkpoint: str) -> None:
+        pass
 
     def _restore(self) -> None:
         path = self._state_path(self._resume_dir) if self._resume_dir else None
@@ -161,6 +170,7 @@ class GRPOTrainer(RLHFTrainer):
             done: concurrent.futures.Future = concurrent.futures.Future()
             done.set_result(state["pending"][1])
             self._pending = (state["pending"][0], done)
+        self._load_loop_state(state, self._resume_dir)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """Read ahead to the end of the generation batch being started (and with --async_generate to
@@ -276,6 +286,24 @@ class GRPOTrainer(RLHFTrainer):
     def _generate_and_score(self, prompts: list[dict]) -> list[dict[str, torch.Tensor]]:
         """Sample, score and compute advantages for the whole generation batch, then cut it into
         its micro-batches, each with the log-probs it needs computed before any update."""
+        trajectories, rewards, per_func = self._sample_and_score(prompts)
+        scored = ~rewards.isnan()
+        if not scored.all():
+            logger.warning(f"{int((~scored).sum())} of {len(trajectories)} completions got no reward (every reward "
+                           "function returned None); they are left out of the loss")
+        micro = self._micro_batches(trajectories, scored)
+        advantages = self._assign_advantages(micro, rewards, trajectories)
+        # dapo's normaliser: the loss tokens of each optimizer step's micro-batches, over all ranks
+        ga = self.args.gradient_accumulation_steps
+        tokens = torch.stack([b["loss_mask"].sum() for b in micro]).view(-1, ga).sum(-1)
+        if self.accelerator.num_processes > 1:
+            tokens = self.accelerator.reduce(tokens.to(self.args.device), reduction="sum").cpu()
+        for s, batch in enumerate(micro):
+            batch["step_tokens"] = tokens[s // ga]
+        self._log_rollout(prompts, trajectories, rewards, per_func, advantages)
+        return micro
+
+    def _sample_and_score(self, prompts: list[dict]) -> tuple[list[Trajectory], torch.Tensor, list]:
         a, n = self.rlhf_args, self.num_generations
         trajectories = self._next_trajectories(prompts)
         rewards, per_func = self._score(prompts, trajectories, n)
@@ -292,19 +320,21 @@ class GRPOTrainer(RLHFTrainer):
                     rewards[i * n:(i + 1) * n] = redo_rewards[j * n:(j + 1) * n]
                     for f in range(len(per_func)):
                         per_func[f][i * n:(i + 1) * n] = redo_per_func[f][j * n:(j + 1) * n]
-        scored = ~rewards.isnan()
-        if not scored.all():
-            logger.warning(f"{int((~scored).sum())} of {len(trajectories)} completions got no reward (every reward "
-                           "function returned None); they are left out of the loss")
-        advantages = self._advantages(rewards).nan_to_num(0.0)
+        return trajectories, rewards, per_func
+
+    # the log-probs at sampling are needed even when each batch is trained on once (PPO's KL reward)
+    always_old_logps = False
+
+    def _micro_batches(self, trajectories: list[Trajectory], scored: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        a = self.rlhf_args
         # completions trained on after an update need the log-probs they were sampled with
-        stale = a.num_iterations > 1 or self.steps_per_generation > self.args.gradient_accumulation_steps
+        stale = self.always_old_logps or a.num_iterations > 1 \
+            or self.steps_per_generation > self.args.gradient_accumulation_steps
         rows = self.args.per_device_train_batch_size
         micro = []
         for start in range(0, len(trajectories), rows):
             batch = self._tensorize(trajectories[start:start + rows])
             batch["loss_mask"][~scored[start:start + rows]] = 0
-            batch["advantages"] = advantages[start:start + rows]
             with torch.no_grad():
                 device_batch = self._prepare_inputs(dict(batch))
                 if stale:
@@ -312,15 +342,15 @@ class GRPOTrainer(RLHFTrainer):
                 if a.beta:
                     batch["ref_logps"] = self._reference_logps(device_batch).detach()
             micro.append(batch)
-        # dapo's normaliser: the loss tokens of each optimizer step's micro-batches, over all ranks
-        ga = self.args.gradient_accumulation_steps
-        tokens = torch.stack([b["loss_mask"].sum() for b in micro]).view(-1, ga).sum(-1)
-        if self.accelerator.num_processes > 1:
-            tokens = self.accelerator.reduce(tokens.to(self.args.device), reduction="sum").cpu()
-        for s, batch in enumerate(micro):
-            batch["step_tokens"] = tokens[s // ga]
-        self._log_rollout(prompts, trajectories, rewards, per_func, advantages)
         return micro
+
+    def _assign_advantages(self, micro: list[dict], rewards: torch.Tensor, trajectories) -> torch.Tensor:
+        """Each completion's advantage from the group's rewards; returns them (for the logs)."""
+        advantages = self._advantages(rewards).nan_to_num(0.0)
+        rows = self.args.per_device_train_batch_size
+        for i, batch in enumerate(micro):
+            batch["advantages"] = advantages[i * rows:(i + 1) * rows]
+        return advantages
 
     def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """Advantages from every rank's rewards (batch statistics are the global batch's, as in TRL);
@@ -397,6 +427,24 @@ class GRPOTrainer(RLHFTrainer):
                                      num_items_in_batch)
 
     def loss_and_metrics(self, model, inputs):
+        loss, info, entropies, metrics = self._policy_objective(model, inputs, self.rlhf_args.beta)
+        loss = loss * self._aggregation_scale()
+        mask = inputs["loss_mask"]
+        tokens = mask.sum().clamp(min=1)
+
+        def masked_mean(x):
+            return ((x.float() * mask).sum() / tokens).item()
+
+        metrics.update({"entropy": masked_mean(entropies), "clip_ratio/low_mean": masked_mean(info["low_clipped"]),
+                        "clip_ratio/high_mean": masked_mean(info["high_clipped"]),
+                        "clip_ratio/region_mean": masked_mean(info["low_clipped"] | info["high_clipped"])})
+        if info["kl"] is not None:
+            metrics["kl"] = masked_mean(info["kl"].detach())
+        return loss, metrics
+
+    def _policy_objective(self, model, inputs, beta: float):
+        """The policy loss of a micro-batch (before `_aggregation_scale`), its per-token diagnostics
+        (ratio, clipped flags, kl), the tokens' entropies and the off-policy metrics."""
         a = self.rlhf_args
         logps, entropies = self._token_logps(model, inputs, with_entropy=True)
         mask = inputs["loss_mask"]
@@ -410,28 +458,21 @@ class GRPOTrainer(RLHFTrainer):
                 weights = is_weights if weights is None else weights * is_weights
         loss, info = self.algorithm.loss(
             logps, old, inputs["advantages"], mask, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
-            tau_pos=a.tau_pos, tau_neg=a.tau_neg, beta=a.beta,
+            tau_pos=a.tau_pos, tau_neg=a.tau_neg, beta=beta,
             ref_logps=inputs.get("ref_logps"), kl_type=a.kl_estimator,
             importance_sampling_level=a.importance_sampling_level, loss_type=a.loss_type[0],
             max_completion_length=a.max_completion_length, token_weights=weights,
             num_items_in_batch=inputs["step_tokens"])
-        if POLICY_LOSSES.get(a.loss_type[0]) is global_token_mean:  # dapo, cispo
-            # normalised by the whole step's tokens: undo the trainer's division by the accumulation
-            # steps and DDP's average over ranks, so the step's gradient is Σ ℓ_t / tokens
-            steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
-            loss = loss * steps * self.accelerator.num_processes
-        tokens = mask.sum().clamp(min=1)
+        info["logps"] = logps
+        return loss, info, entropies, sampling_metrics
 
-        def masked_mean(x):
-            return ((x.float() * mask).sum() / tokens).item()
-
-        metrics = {"entropy": masked_mean(entropies), "clip_ratio/low_mean": masked_mean(info["low_clipped"]),
-                   "clip_ratio/high_mean": masked_mean(info["high_clipped"]),
-                   "clip_ratio/region_mean": masked_mean(info["low_clipped"] | info["high_clipped"])}
-        if info["kl"] is not None:
-            metrics["kl"] = masked_mean(info["kl"].detach())
-        metrics.update(sampling_metrics)
-        return loss, metrics
+    def _aggregation_scale(self) -> float:
+        """dapo and cispo normalise by the whole step's tokens: undo the trainer's division by the
+        accumulation steps and DDP's average over ranks, so the step's gradient is Σ ℓ_t / tokens."""
+        if POLICY_LOSSES.get(self.rlhf_args.loss_type[0]) is not global_token_mean:
+            return 1.0
+        steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        return steps * self.accelerator.num_processes
 
     def _importance_weights(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor):
         """Per-token weights π_old/π_sampler for tokens sampled by older weights (or another

@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 from swift.utils.logging import get_logger
 
 logger = get_logger(__name__)
+HEADS = ["score", "classifier"]  # the value heads of transformers' classification models
 PEFT_TASK_TYPES = {"causal_lm": TaskType.CAUSAL_LM, "seq_cls": TaskType.SEQ_CLS, "token_cls": TaskType.TOKEN_CLS}
 # PEFT looks for the base model's config at its name; the built-in model has no directory to look in.
 warnings.filterwarnings("ignore", message="Could not find a config file in builtin:")
@@ -35,6 +36,9 @@ def prepare_model(model: PreTrainedModel, args, *, task_type: str = "causal_lm")
             target_modules=getattr(args, "target_regex", None) or ("all-linear" if target == ["all-linear"] else target),
             task_type=PEFT_TASK_TYPES[task_type],  # seq_cls/token_cls also train and save the head
             modules_to_save=list(getattr(args, "modules_to_save", [])) or None,
+            # a value head is trained whole (modules_to_save, by the task type), never given LoRA: PEFT's
+            # all-linear leaves out a token classifier's head only by name for sequence classifiers
+            exclude_modules=HEADS if task_type != "causal_lm" and target == ["all-linear"] else None,
             bias=getattr(args, "lora_bias", "none"),
             use_dora=getattr(args, "use_dora", False),
             use_rslora=getattr(args, "use_rslora", False),

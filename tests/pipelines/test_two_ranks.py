@@ -57,3 +57,16 @@ def test_grpo_batch_statistics_are_the_global_batch_s(tmp_path, quickstart):
                            "--max_completion_length", "6", "--advantage_estimator", "reinforce_plus_plus",
                            "--scale_rewards", "batch", "--top_entropy_quantile", "0.5", "--loss_type", "dapo")
     assert logs[0]["loss"] != 0  # the advantages are not all zero
+
+
+def test_ppo_policy_and_critic_match_one_rank(tmp_path, quickstart):
+    # greedy rollouts of the quickstart's sft model (as above); the critic is trained outside DDP, its
+    # gradients averaged over ranks by the trainer: its weights must match the one-rank run's too
+    sft = os.path.join(quickstart[1], "sft")
+    assert_same_run(tmp_path, ["objective/scores", "loss/value_avg", "val/var_explained"], "--model", sft,
+                    "--rlhf_type", "ppo", "--dataset", "builtin:arith-sft#16", *TEXT_LENGTH, "--temperature", "0",
+                    "--max_completion_length", "6", "--num_ppo_epochs", "1", "--kl_coef", "0.1")
+    one = load_file(os.path.join(tmp_path / "one", "critic", "model.safetensors"))
+    two = load_file(os.path.join(tmp_path / "two", "critic", "model.safetensors"))
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-5, msg=name)

@@ -170,6 +170,25 @@ def test_grpo_server_mode_matches_colocate(server, tmp_path):
     assert loss_s == pytest.approx(loss_c, rel=1e-3, abs=1e-6)
 
 
+def test_ppo_server_mode_matches_colocate(server, tmp_path):
+    """PPO on the same loop: its greedy rollouts come from the server after each weight sync, and its
+    rewards and losses (policy and critic) equal colocate mode's."""
+    def argv(out, *extra):
+        return train_argv(out, "--rlhf_type", "ppo", "--dataset", "builtin:arith-sft#64", "--reward_funcs",
+                          "tests.rollout.test_server:digit_reward", "--per_device_train_batch_size", "8",
+                          "--max_completion_length", "8", "--temperature", "0", "--learning_rate", "5e-3",
+                          "--num_ppo_epochs", "1", "--max_steps", "4", "--vllm_server_port", str(port_of(server)),
+                          *extra)
+
+    rlhf_main(argv(tmp_path / "colocate"))
+    rlhf_main(argv(tmp_path / "server", "--rollout_mode", "server"))
+    rewards_c, loss_c = curves(tmp_path / "colocate")
+    rewards_s, loss_s = curves(tmp_path / "server")
+    assert len(rewards_c) == 4 and len({round(r, 6) for r in rewards_c}) > 1
+    assert rewards_s == pytest.approx(rewards_c, abs=1e-6)
+    assert loss_s == pytest.approx(loss_c, rel=1e-3, abs=1e-6)
+
+
 def test_async_generate_logs_importance_sampling(server, tmp_path):
     rlhf_main(grpo_server_argv(tmp_path, port_of(server), "--max_steps", "4", "--rollout_mode", "server",
                                "--async_generate", "true", "--temperature", "1.0"))

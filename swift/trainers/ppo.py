@@ -1,0 +1,222 @@
+"""PPO with a learned critic on the online loop of `swift.trainers.grpo` (sampling, scoring, the
+generation batch trained on `--num_ppo_epochs` times in `--num_mini_batches` optimizer steps,
+weight pushes, checkpoints). What differs is the advantage (GAE from per-token rewards and the
+critic's values, `swift.rlhf.ppo`) and the loss (the clipped policy loss plus `--vf_coef` × the
+clipped value loss).
+
+The critic is a second model (a one-label token-classification head on `--critic_model`, default
+the policy's starting weights; LoRA or full as `--tuner_type`). Its parameters are one more group
+of the trainer's optimizer (so one optimizer state and one schedule, as TRL's PPO), at
+`--critic_learning_rate`; before each optimizer step its gradients are averaged over ranks and
+clipped at `--max_grad_norm` on their own. Checkpoints hold it under `critic/`, its optimizer
+state with the policy's, and the KL controller with the loop's state."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from swift.rlhf.grpo import POLICY_LOSSES, kl_estimate
+from swift.rlhf.ppo import KLController, gae, moments, token_rewards, value_loss, whiten
+from swift.trainers.completion_logps import token_values
+from swift.trainers.grpo import GRPOTrainer
+from swift.trainers.rlhf import disable_dropout
+from swift.utils.registry import SwiftError
+
+CRITIC_DIR = "critic"
+
+
+class PPOTrainer(GRPOTrainer):
+    always_old_logps = True  # the KL penalty of the reward compares them with the reference's
+
+    def __init__(self, *args, critic_model, **kwargs):
+        super().__init__(*args, **kwargs)
+        a = self.rlhf_args
+        self.critic = critic_model.to(self.args.device)
+        if a.disable_dropout:
+            disable_dropout(self.critic)
+        self.critic.train()
+        if self.accelerator.num_processes > 1:  # one starting critic (a fresh value head is drawn per rank)
+            for tensor in self.critic.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        self.kl_ctl = KLController(a.beta, a.kl_target, a.kl_horizon)
+
+    # -- optimizer ---------------------------------------------------------------------------------
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        params = [p for p in self.critic.parameters() if p.requires_grad]
+        known = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if params and id(params[0]) not in known:
+            lr = self.rlhf_args.critic_learning_rate
+            optimizer.add_param_group({"params": params, "weight_decay": self.args.weight_decay,
+                                       "lr": self.args.learning_rate if lr is None else lr})
+        return optimizer
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        ga = self.args.gradient_accumulation_steps
+        if self._uses % ga == 0:  # the first micro-batch of an optimizer step
+            self.critic.zero_grad(set_to_none=True)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._uses % ga == 0:  # the last one: the optimizer steps next
+            self._reduce_critic_grads()
+        return loss
+
+    def _reduce_critic_grads(self) -> None:
+        params = [p for p in self.critic.parameters() if p.grad is not None]
+        if not params:
+            return
+        if self.accelerator.num_processes > 1:  # the critic is not DDP-wrapped: average as DDP does
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(flat)
+            flat /= self.accelerator.num_processes
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+        if self.args.max_grad_norm and self.args.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+            self._metrics["train"]["val/grad_norm"].append(norm.item())
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """The policy as the HF Trainer saves it, and the critic under `critic/` (a loadable model:
+        `--critic_model DIR/critic` starts another run from it)."""
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            path = os.path.join(output_dir or self.args.output_dir, CRITIC_DIR)
+            self.critic.save_pretrained(path)
+            self.processing_class.save_pretrained(path)
+
+    def _loop_state(self) -> dict:
+        return {"kl_controller": self.kl_ctl.state_dict()}
+
+    def _load_loop_state(self, state: dict, checkpoint: str) -> None:
+        from safetensors.torch import load_file
+
+        self.kl_ctl.load_state_dict(state["kl_controller"])
+        path = os.path.join(checkpoint, CRITIC_DIR)
+        if hasattr(self.critic, "peft_config"):
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.critic, load_file(os.path.join(path, "adapter_model.safetensors")))
+            missing = list(result.unexpected_keys)  # the adapter holds only the trained weights
+        else:
+            result = self.critic.load_state_dict(load_file(os.path.join(path, "model.safetensors")), strict=False)
+            missing = list(result.missing_keys) + list(result.unexpected_keys)
+        if missing:
+            raise SwiftError(f"--resume_from_checkpoint {checkpoint}: the critic in {path} does not match this run's "
+                             f"critic ({missing[0]}); resume with the critic settings it was saved with")
+
+    # -- advantages --------------------------------------------------------------------------------
+    def _global(self, stats: torch.Tensor) -> torch.Tensor:
+        if self.accelerator.num_processes > 1:
+            stats = self.accelerator.reduce(stats.to(self.args.device), reduction="sum")
+        return stats.cpu()
+
+    def _assign_advantages(self, micro: list[dict], rewards: torch.Tensor, trajectories) -> torch.Tensor:
+        """Per-token rewards (the score on the last token, −β KL on each), the critic's values, GAE
+        advantages whitened over the generation batch (all ranks) and the returns the critic learns."""
+        a = self.rlhf_args
+        scores = rewards.nan_to_num(0.0)
+        truncated = torch.tensor([t.truncated for t in trajectories], dtype=scores.dtype)
+        if a.missing_eos_penalty is not None:
+            scores = scores - a.missing_eos_penalty * truncated
+        if a.reward_clip_range:
+            scores = scores.clamp(*a.reward_clip_range)
+        rows = self.args.per_device_train_batch_size
+        per_token, masks, kl_sums = [], [], []
+        for i, batch in enumerate(micro):
+            device_batch = self._prepare_inputs(dict(batch))
+            mask = device_batch["completion_mask"].float()
+            with torch.no_grad():
+                batch["values"] = token_values(self.critic, device_batch) * mask
+            kl = torch.zeros_like(mask)
+            if batch.get("ref_logps") is not None:
+                kl = kl_estimate(batch["old_logps"].float(), batch["ref_logps"].float(), a.kl_estimator) * mask
+            per_token.append(token_rewards(scores[i * rows:(i + 1) * rows].to(mask.device), kl, mask,
+                                           self.kl_ctl.value))
+            masks.append(mask)
+            kl_sums.append(kl.sum(-1))
+        if a.whiten_rewards:
+            stats = self._global(moments(per_token, masks))
+            per_token = [whiten(r, m, stats, shift_mean=False) for r, m in zip(per_token, masks)]
+        advantages, returns = [], []
+        for batch, r, m in zip(micro, per_token, masks):
+            adv, ret = gae(r, batch["values"], m, a.gamma, a.lam)
+            advantages.append(adv)
+            returns.append(ret)
+        loss_masks = [batch["loss_mask"].to(m.device) for batch, m in zip(micro, masks)]
+        stats = self._global(moments(advantages, loss_masks))
+        for batch, adv, ret, m in zip(micro, advantages, returns, loss_masks):
+            batch["advantages"] = whiten(adv, m, stats)
+            batch["returns"] = ret
+        self._log_ppo_rollout(micro, scores, torch.cat(kl_sums).cpu(), loss_masks)
+        return torch.cat([b["advantages"][:, 0].cpu() for b in micro])  # each completion's first-token advantage
+
+    def _log_ppo_rollout(self, micro, scores, kl_sums, loss_masks) -> None:
+        """The rollout's metrics under TRL's PPO names, over every rank's completions; then the KL
+        controller steps towards its target with the batch's mean sequence KL."""
+        local = torch.stack([kl_sums.sum(), scores.sum(), torch.tensor(float(len(scores))),
+                             sum(-(b["old_logps"].float() * m).sum() for b, m in zip(micro, loss_masks)).cpu(),
+                             torch.tensor(float(sum(int((~b["truncated"]).sum()) for b in micro)))]).double()
+        kl_total, score_total, n, neg_logp_total, eos = self._global(local).tolist()
+        explained = self._global(self._explained_moments(micro, loss_masks)).tolist()
+        kl, score = kl_total / n, score_total / n
+        beta = self.kl_ctl.value
+        m = self._metrics["train"]
+        m["objective/kl"].append(kl)
+        m["objective/entropy"].append(neg_logp_total / n)
+        m["objective/non_score_reward"].append(-beta * kl)
+        m["objective/rlhf_reward"].append(score - beta * kl)
+        m["objective/scores"].append(score)
+        m["objective/kl_coef"].append(beta)
+        m["val/num_eos_tokens"].append(eos)
+        count, r_sum, r_sq, d_sum, d_sq = explained
+        if count > 1:
+            var_r = r_sq / count - (r_sum / count) ** 2
+            var_d = d_sq / count - (d_sum / count) ** 2
+            m["val/var_explained"].append(1 - var_d / var_r if var_r > 0 else 0.0)
+        self.kl_ctl.update(kl, int(n))
+
+    @staticmethod
+    def _explained_moments(micro, loss_masks) -> torch.Tensor:
+        """[n, Σ R, Σ R², Σ (R − V), Σ (R − V)²] over the loss tokens: how much of the returns' variance
+        the critic's values explain."""
+        out = torch.zeros(5, dtype=torch.float64)
+        for b, m in zip(micro, loss_masks):
+            ret, diff = b["returns"].double(), (b["returns"] - b["values"]).double()
+            md = m.double()
+            out += torch.stack([md.sum(), (ret * md).sum(), (ret * ret * md).sum(), (diff * md).sum(),
+                                (diff * diff * md).sum()]).cpu()
+        return out
+
+    # -- loss --------------------------------------------------------------------------------------
+    def loss_and_metrics(self, model, inputs):
+        a = self.rlhf_args
+        policy, info, entropies, metrics = self._policy_objective(model, inputs, beta=0.0)
+        mask = inputs["loss_mask"]
+        values = token_values(self.critic, inputs)
+        critic, value_clipped = value_loss(values, inputs["values"], inputs["returns"], mask,
+                                           cliprange_value=a.cliprange_value,
+                                           aggregate=POLICY_LOSSES.get(a.loss_type[0]),
+                                           max_completion_length=a.max_completion_length,
+                                           num_items_in_batch=inputs["step_tokens"])
+        loss = (policy + a.vf_coef * critic) * self._aggregation_scale()
+        tokens = mask.sum().clamp(min=1)
+
+        def masked_mean(x):
+            return ((x.float() * mask).sum() / tokens).item()
+
+        log_ratio = (info["logps"] - inputs["old_logps"]).detach()
+        ratio = info["ratio"].detach()
+        mean_ratio = masked_mean(ratio)
+        metrics.update({
+            "policy/approxkl_avg": masked_mean(0.5 * log_ratio ** 2),
+            "policy/clipfrac_avg": masked_mean(info["low_clipped"] | info["high_clipped"]),
+            # as logged (averaged over micro-batches and ranks): the step's token means under dapo
+            "loss/policy_avg": policy.item() * self._aggregation_scale(),
+            "loss/value_avg": critic.item() * self._aggregation_scale(),
+            "val/clipfrac_avg": masked_mean(value_clipped), "policy/entropy_avg": masked_mean(entropies),
+            "val/ratio": mean_ratio, "val/ratio_var": masked_mean((ratio - mean_ratio) ** 2)})
+        return loss, metrics

@@ -1,0 +1,175 @@
+"""`swift rlhf --rlhf_type ppo` end to end on the built-in tiny model: TRL's metric names, the
+critic saved and resumed, GAE and the value loss as the trainer computes them equal to the
+formulas, and the flags it refuses."""
+import json
+import re
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from swift.pipelines.rlhf import rlhf_main
+from swift.rlhf.ppo import gae
+from swift.trainers.ppo import PPOTrainer
+from swift.utils.registry import SwiftError
+from tests.conftest import TEXT_LENGTH, train_argv
+
+TRL_PPO_NAMES = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
+                 "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg",
+                 "loss/value_avg", "val/clipfrac_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var",
+                 "val/num_eos_tokens", "val/var_explained"]
+
+
+def ppo_argv(out, *extra):
+    return train_argv(out, "--rlhf_type", "ppo", "--dataset", "builtin:arith-sft#32", *TEXT_LENGTH,
+                      "--per_device_train_batch_size", "8", "--max_completion_length", "6", "--temperature", "1.0",
+                      "--learning_rate", "1e-3", *extra)
+
+
+def read(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("tuner", ["lora", "full"])
+def test_ppo_trains_logs_trl_names_and_saves_its_critic(tmp_path, tuner):
+    result = rlhf_main(ppo_argv(tmp_path, "--tuner_type", tuner, "--num_ppo_epochs", "2"))
+    logs = [r for r in read(tmp_path / "logging.jsonl") if "loss" in r]
+    assert len(logs) == 4
+    for name in TRL_PPO_NAMES:
+        assert name in logs[0], name
+    assert all(r["objective/kl_coef"] == 0.05 for r in logs if "objective/kl_coef" in r)
+    assert logs[0]["val/ratio"] == pytest.approx(1.0)  # the first update starts at the sampling policy
+    assert logs[1]["policy/approxkl_avg"] > 0  # the second pass trains a moved policy on the same rollout
+    critic = tmp_path / "critic"
+    assert (critic / ("adapter_model.safetensors" if tuner == "lora" else "model.safetensors")).exists()
+    assert result["global_step"] == 4
+
+
+def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatch):
+    """What the trainer computes on its own rollout: per-token rewards (score on the last token, −β k1
+    KL on each), GAE, whitening over the batch's loss tokens, and the first step's value loss (the
+    critic has not moved: ½ mean (V − R)²) and policy loss (ratio 1: −mean A)."""
+    seen = []
+    original = PPOTrainer._assign_advantages
+
+    def spy(self, micro, rewards, trajectories):
+        out = original(self, micro, rewards, trajectories)
+        seen.append(([dict(b) for b in micro], rewards.clone(), self.kl_ctl.value))
+        return out
+
+    monkeypatch.setattr(PPOTrainer, "_assign_advantages", spy)
+    rlhf_main(ppo_argv(tmp_path, "--tuner_type", "full", "--max_steps", "1", "--num_ppo_epochs", "1",
+                       "--kl_coef", "0.2", "--lam", "0.9", "--gamma", "0.95"))
+    (micro,), rewards, beta = seen[0]
+    mask = micro["completion_mask"].float()
+    kl = (micro["old_logps"] - micro["ref_logps"]) * mask
+    lengths = mask.sum(-1).long()
+    token_reward = -0.2 * kl
+    token_reward[torch.arange(len(lengths)), lengths - 1] += rewards
+    adv, ret = gae(token_reward, micro["values"], mask, 0.95, 0.9)
+    torch.testing.assert_close(micro["returns"], ret, rtol=1e-5, atol=1e-5)
+    loss_mask = micro["loss_mask"].bool()
+    picked = adv[loss_mask]
+    whitened = (picked - picked.mean()) / (picked.var() + 1e-8).sqrt()
+    torch.testing.assert_close(micro["advantages"][loss_mask], whitened, rtol=1e-4, atol=1e-4)
+    assert kl.abs().sum() == 0  # the policy starts as its reference
+    log = next(r for r in read(tmp_path / "logging.jsonl") if "loss" in r)
+    value = 0.5 * ((micro["values"] - micro["returns"])[loss_mask] ** 2).mean().item()
+    assert log["loss/value_avg"] == pytest.approx(value, rel=1e-4, abs=1e-6)
+    assert log["loss/policy_avg"] == pytest.approx(-micro["advantages"][loss_mask].mean().item(), abs=1e-5)
+    assert log["loss"] == pytest.approx(log["loss/policy_avg"] + 0.1 * value, rel=1e-3, abs=1e-5)
+
+
+def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path):
+    """Adaptive KL (its coefficient is part of the checkpoint), two passes per rollout: resumed
+    inside a rollout (step 3) and at its boundary (step 2), the run ends with the uninterrupted run's
+    losses, policy, critic and KL coefficient."""
+    def argv(out, *extra):
+        return ppo_argv(out, "--tuner_type", "full", "--max_steps", "4", "--num_ppo_epochs", "2",
+                        "--kl_target", "0.01", "--kl_horizon", "50", "--save_strategy", "steps", "--save_steps", "1",
+                        *extra)
+
+    rlhf_main(argv(tmp_path / "straight"))
+    straight = {r["global_step"]: r for r in read(tmp_path / "straight" / "logging.jsonl") if "loss" in r}
+    assert straight[3]["objective/kl_coef"] != 0.05  # the controller moved
+    for step in (2, 3):
+        out = tmp_path / f"from{step}"
+        shutil.copytree(tmp_path / "straight" / f"checkpoint-{step}", out / f"checkpoint-{step}")
+        rlhf_main(argv(out, "--resume_from_checkpoint", str(out / f"checkpoint-{step}")))
+        resumed = {r["global_step"]: r for r in read(out / "logging.jsonl") if "loss" in r}
+        assert sorted(resumed) == list(range(step + 1, 5))
+        for s, r in resumed.items():
+            for key in ("loss", "loss/value_avg", "objective/kl_coef"):
+                assert (key in r) == (key in straight[s]), (s, key)
+                assert r.get(key) == pytest.approx(straight[s].get(key)), (s, key)
+        for path in ("model.safetensors", "critic/model.safetensors"):
+            final, weights = load_file(tmp_path / "straight" / path), load_file(out / path)
+            for name, tensor in final.items():
+                torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=f"{path} {name}")
+
+
+def test_critic_from_a_reward_model_directory(tmp_path):
+    """--critic_model: a seq_cls reward model's weights (its one-label head included) start the critic."""
+    rm = tmp_path / "rm"
+    rlhf_main(train_argv(rm, "--rlhf_type", "rm", "--dataset", "builtin:arith-dpo#8", "--tuner_type", "full",
+                         "--max_steps", "1"))
+    out = tmp_path / "ppo"
+    rlhf_main(ppo_argv(out, "--tuner_type", "full", "--max_steps", "1", "--critic_model", str(rm),
+                       "--critic_learning_rate", "0"))
+    head = load_file(rm / "model.safetensors")["score.weight"]
+    torch.testing.assert_close(load_file(out / "critic" / "model.safetensors")["score.weight"], head)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--rlhf_type", "grpo", "--advantage_estimator", "gae"], "needs a learned critic"),
+    (["--rlhf_type", "ppo", "--advantage_estimator", "rloo"], "estimates advantages with its critic"),
+    (["--rlhf_type", "ppo", "--dynamic_sample", "true"], "--dynamic_sample"),
+    (["--rlhf_type", "ppo", "--reward_clip_range", "1"], "--reward_clip_range takes LOW HIGH"),
+    (["--rlhf_type", "ppo", "--kl_coef", "0.1", "--beta", "0.2"], "--kl_coef 0.1 and --beta 0.2"),
+    (["--rlhf_type", "ppo", "--deepspeed", "zero2"], "not in this version yet"),
+    (["--rlhf_type", "grpo", "--critic_model", "x"], "--critic_model applies to --rlhf_type ppo"),
+    (["--rlhf_type", "ppo", "--remote_rm_url", "ftp://x"], "must be an http(s) URL or a .py file"),
+])
+def test_ppo_refuses_what_it_would_ignore(tmp_path, argv, message):
+    with pytest.raises(SwiftError, match=re.escape(message)):
+        rlhf_main(train_argv(tmp_path, "--dataset", "builtin:arith-sft#8", *TEXT_LENGTH, *argv))
+
+
+def test_openrlhf_names_map_onto_ours():
+    from swift.arguments.parser import parse_args
+    from swift.arguments.rlhf import RLHFArguments
+
+    base = ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft#8"]
+    a = parse_args(RLHFArguments, [*base, "--rlhf_type", "grpo", "--advantage_estimator", "group_norm",
+                                   "--n_samples_per_prompt", "4", "--remote_rm_url", "http://127.0.0.1:9/",
+                                   "--per_device_train_batch_size", "8"])
+    assert (a.advantage_estimator, a.num_generations, a.reward_model_url) == ("grpo", 4, "http://127.0.0.1:9/")
+    a = parse_args(RLHFArguments, [*base, "--rlhf_type", "grpo", "--advantage_estimator", "reinforce",
+                                   "--remote_rm_url", "reward.py"])
+    assert a.advantage_estimator == "reinforce_plus_plus" and a.reward_funcs == ["reward.py"]
+    a = parse_args(RLHFArguments, [*base, "--rlhf_type", "ppo", "--init_kl_coef", "0.01", "--num_ppo_epochs", "2",
+                                   "--cliprange", "0.1"])
+    assert (a.beta, a.num_iterations, a.epsilon, a.num_generations, a.kl_estimator, a.loss_type) == \
+        (0.01, 2, 0.1, 1, "k1", ["dapo"])
+
+
+def test_policy_and_critic_updates_do_not_depend_on_gradient_accumulation(tmp_path):
+    """One rollout of 8 prompts, trained as 1 micro-batch of 8 or 2 of 4 (one optimizer step, plain
+    SGD at learning rate 1: the weight change is the accumulated gradient): the same loss, policy
+    and critic. The critic's gradients are accumulated and clipped outside the HF loop, so this
+    checks that code too."""
+    from tests.pipelines.test_grad_accum import one_step
+
+    extra = [*TEXT_LENGTH, "--max_completion_length", "6", "--temperature", "1.0", "--num_ppo_epochs", "1",
+             "--max_grad_norm", "0.5"]
+    loss1, policy1 = one_step(tmp_path / "ga1", "ppo", 8, 1, *extra)
+    loss2, policy2 = one_step(tmp_path / "ga2", "ppo", 4, 2, *extra)
+    assert loss2 == pytest.approx(loss1, rel=1e-4, abs=1e-5)
+    for name in policy1:
+        torch.testing.assert_close(policy2[name], policy1[name], rtol=1e-5, atol=1e-5, msg=name)
+    critic1 = load_file(tmp_path / "ga1" / "critic" / "model.safetensors")
+    critic2 = load_file(tmp_path / "ga2" / "critic" / "model.safetensors")
+    for name in critic1:
+        torch.testing.assert_close(critic2[name], critic1[name], rtol=1e-5, atol=1e-5, msg=name)
