@@ -130,6 +130,18 @@ def test_prm_trains_and_loads_as_token_classifier(tmp_path):
     assert model.config.num_labels == 2
 
 
+def test_prm_with_lora_trains_its_head_whole(tmp_path):
+    """LoRA on a token classifier: the value head is trained and saved whole (modules_to_save), not
+    given LoRA itself (PEFT's all-linear picked it, then failed to save it as a whole module)."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "prm"
+    rlhf_main(train_argv(out, "--rlhf_type", "prm", "--dataset", "builtin:arith-prm#8", "--tuner_type", "lora",
+                         "--max_steps", "2"))
+    names = list(load_file(out / "adapter_model.safetensors"))
+    assert any(n.endswith("score.weight") for n in names) and not any("score.lora" in n for n in names)
+
+
 def test_gkd_distils_a_teacher_on_and_off_policy(tmp_path):
     from swift.pipelines.train import sft_main
 
