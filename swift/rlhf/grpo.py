@@ -29,6 +29,7 @@ cispo = sum / tokens in the global batch, i.e. all micro-batches and ranks of th
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -108,32 +109,23 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile:
     return (entropies * mask >= threshold) & mask.bool()
 
 
-POLICY_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("GRPO loss type")
-
-
 def _rows(mask: torch.Tensor) -> torch.Tensor:
     """Rows that carry loss (a row whose mask is all zero, e.g. unscored, is left out of the mean)."""
     return (mask.sum(-1) > 0).sum().clamp(min=1)
 
 
-@POLICY_LOSSES.register("grpo")
-@POLICY_LOSSES.register("sapo")
 def per_sequence_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
     return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / _rows(mask)
 
 
-@POLICY_LOSSES.register("bnpo")
 def token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
     return (loss * mask).sum() / mask.sum().clamp(min=1)
 
 
-@POLICY_LOSSES.register("dr_grpo")
 def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, *, max_completion_length: int, **_) -> torch.Tensor:
     return (loss * mask).sum() / (_rows(mask) * max_completion_length)
 
 
-@POLICY_LOSSES.register("dapo")
-@POLICY_LOSSES.register("cispo")
 def global_token_mean(loss: torch.Tensor, mask: torch.Tensor, *, num_items_in_batch=None, **_) -> torch.Tensor:
     total = mask.sum() if num_items_in_batch is None else num_items_in_batch
     return (loss * mask).sum() / torch.as_tensor(total, dtype=loss.dtype).clamp(min=1)
@@ -171,7 +163,27 @@ def sapo_surrogate(ratio: torch.Tensor, logps: torch.Tensor, adv: torch.Tensor, 
     return per_token, no_flags, no_flags
 
 
-SURROGATES = {"cispo": cispo_surrogate, "sapo": sapo_surrogate}  # every other loss type: the clipped one
+@dataclass(frozen=True)
+class LossType:
+    """A `--loss_type`: the per-token objective (a surrogate of the ratio and advantage) and how the
+    tokens' losses are averaged into the micro-batch's loss."""
+
+    surrogate: Callable[..., Surrogate]
+    aggregate: Callable[..., torch.Tensor]
+
+    @property
+    def over_step_tokens(self) -> bool:
+        """Normalised by the whole optimizer step's tokens (every micro-batch and rank)."""
+        return self.aggregate is global_token_mean
+
+
+LOSS_TYPES: Registry[LossType] = Registry("GRPO loss type")
+LOSS_TYPES.register("grpo", LossType(clipped_surrogate, per_sequence_mean))
+LOSS_TYPES.register("bnpo", LossType(clipped_surrogate, token_mean))
+LOSS_TYPES.register("dr_grpo", LossType(clipped_surrogate, constant_normalizer))
+LOSS_TYPES.register("dapo", LossType(clipped_surrogate, global_token_mean))
+LOSS_TYPES.register("cispo", LossType(cispo_surrogate, global_token_mean))
+LOSS_TYPES.register("sapo", LossType(sapo_surrogate, per_sequence_mean))
 
 
 def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
@@ -190,8 +202,8 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
         raise ValueError(f"importance_sampling_level must be token or sequence, got {importance_sampling_level!r}")
     ratio = torch.exp(log_ratio)
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # per sequence, or per token (PPO)
-    surrogate = SURROGATES.get(loss_type, clipped_surrogate)
-    per_token, low_clipped, high_clipped = surrogate(ratio, logps, adv, epsilon=epsilon, epsilon_high=epsilon_high,
+    kind = LOSS_TYPES.get(loss_type)
+    per_token, low_clipped, high_clipped = kind.surrogate(ratio, logps, adv, epsilon=epsilon, epsilon_high=epsilon_high,
                                                      delta=delta, tau_pos=tau_pos, tau_neg=tau_neg)
     per_token = per_token.expand_as(logps)
     if token_weights is not None:
@@ -200,7 +212,7 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
     if beta:
         kl = kl_estimate(logps, ref_logps, kl_type)
         per_token = per_token + beta * kl
-    loss = POLICY_LOSSES.get(loss_type)(per_token, mask, max_completion_length=max_completion_length,
+    loss = kind.aggregate(per_token, mask, max_completion_length=max_completion_length,
                                         num_items_in_batch=num_items_in_batch)
     info = {"ratio": ratio.expand_as(logps), "low_clipped": low_clipped.expand_as(logps),
             "high_clipped": high_clipped.expand_as(logps), "kl": kl}
@@ -211,4 +223,4 @@ ALGORITHMS.register("grpo", Algorithm(
     trainer="rollout", data="prompt", loss=policy_loss, reference=True,
     defaults={"beta": 0.04, "loss_type": ["grpo"], "kl_estimator": "k3", "num_generations": 8,
               "advantage_estimator": "grpo", "num_iterations": 1},
-    loss_types=POLICY_LOSSES))
+    loss_types=LOSS_TYPES))

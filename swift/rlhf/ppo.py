@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from swift.rlhf.base import ALGORITHMS, Algorithm
-from swift.rlhf.grpo import POLICY_LOSSES, policy_loss
+from swift.rlhf.grpo import LOSS_TYPES, policy_loss, token_mean
 
 WHITEN_EPS = 1e-8
 
@@ -72,7 +72,7 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, stats: torch.Tensor, shift_mean:
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
-               cliprange_value: float, aggregate=POLICY_LOSSES.get("bnpo"),
+               cliprange_value: float, aggregate=token_mean,
                **aggregate_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """The clipped value loss (aggregated over tokens like the policy loss) and its per-token
     clipped flags (where the clipped term is the larger)."""
@@ -105,4 +105,4 @@ ALGORITHMS.register("ppo", Algorithm(
     trainer="rollout", data="prompt", loss=policy_loss, reference=True, critic=True,
     defaults={"beta": 0.05, "loss_type": ["dapo"], "kl_estimator": "k1", "num_generations": 1,
               "advantage_estimator": "gae", "num_iterations": 4},
-    loss_types=POLICY_LOSSES))
+    loss_types=LOSS_TYPES))

@@ -7,58 +7,33 @@ default the gradient-accumulation steps, so one optimizer step): their prompts a
 scored together, and the batch is trained on `num_iterations` times, each pass its own optimizer
 step(s) against the log-probs the completions had when they were sampled. The sampler repeats
 each block of `steps_per_generation` batches `num_iterations` times, so that the HF loop counts
-those passes as steps."""
+those passes as steps.
+
+The parts live in their own modules: the sampler and the read-ahead / background rollout queue
+(`rollout_queue`), the log-prob and value kernels (`completion_logps`), the rollout and evaluation
+metrics (`rollout_metrics`), the estimators and losses (`swift.rlhf.grpo`, by `--loss_type` and
+`--advantage_estimator`). PPO (`swift.trainers.ppo`) is this loop with a critic: it replaces the
+advantage step and the loss."""
 from __future__ import annotations
 
-import concurrent.futures
-import json
 import os
-from collections import deque
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
 
 from swift.infer.protocol import RequestConfig
-from swift.rlhf.grpo import POLICY_LOSSES, compute_advantages, global_token_mean, high_entropy_mask, nanstd
+from swift.rlhf.grpo import LOSS_TYPES, compute_advantages, high_entropy_mask
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
 from swift.trainers.completion_logps import token_logps
 from swift.trainers.rlhf import RLHFTrainer
+from swift.trainers.rollout_metrics import eval_metrics, rollout_metrics, write_completions
+from swift.trainers.rollout_queue import RepeatBatchSampler, RolloutQueue
 from swift.trainers.zero3 import gathered_buckets, sharded
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
-
-
-class RepeatBatchSampler(Sampler):
-    """Shuffled batches of `batch_size` indices per rank, in blocks of `block` batches per rank; each
-    block is yielded `repeats` times in a row (accelerate deals whole batches to ranks round-robin,
-    so each step's batches for all ranks are interleaved)."""
-
-    def __init__(self, n: int, batch_size: int, repeats: int, world: int, seed: int, block: int = 1):
-        self.n, self.batch_size, self.repeats, self.world, self.seed = n, batch_size, repeats, world, seed
-        self.block = block
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """The HF loop names the epoch (a resumed run starts at its checkpoint's)."""
-        self.epoch = epoch
-
-    def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        self.epoch += 1
-        order = torch.randperm(self.n, generator=g).tolist()
-        size = self.batch_size * self.world * self.block
-        for start in range(0, self.n - size + 1, size):
-            chunk = order[start:start + size]  # step s, rank r: chunk[(s·world + r)·batch_size:][:batch_size]
-            for _ in range(self.repeats):
-                yield from chunk
-
-    def __len__(self) -> int:
-        size = self.batch_size * self.world * self.block
-        return (self.n // size) * size * self.repeats
 
 
 class GRPOTrainer(RLHFTrainer):
@@ -76,15 +51,9 @@ class GRPOTrainer(RLHFTrainer):
         self.steps_per_generation = self._steps_per_generation()
         # micro-batches from one generation to the next: every pass over the generation batch
         self.cycle = self.steps_per_generation * a.num_iterations
-        # the batches fetched ahead, by sequence number (the order training_step sees them), so that a
-        # generation batch's prompts are known at its first micro-batch (and, with --async_generate,
-        # the next one's, generated while this one trains)
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, "swift-async-rollout") if a.async_generate else None
-        self._ahead: deque = deque()
-        self._ahead_iter = None
-        self._batches: dict[int, list] = {}
-        self._fetched = 0
-        self._pending: tuple[int, concurrent.futures.Future] | None = None
+        # the batches fetched ahead, so that a generation batch's prompts are known at its first
+        # micro-batch (and, with --async_generate, the next one's, generated while this one trains)
+        self._queue = RolloutQueue(self.steps_per_generation, self.cycle, a.async_generate)
         self._buffer: list[dict[str, torch.Tensor]] = []  # the generation batch's micro-batches
         self._uses = 0  # micro-batches trained on since the start of training (a resumed run's included)
         self._resume_dir: str | None = None
@@ -144,9 +113,8 @@ class GRPOTrainer(RLHFTrainer):
         rollout generated ahead (--async_generate), so a resumed run trains on the same samples."""
         super()._save_checkpoint(model, trial)
         checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        pending = (self._pending[0], self._pending[1].result()) if self._pending is not None else None
         torch.save({"uses": self._uses, "buffer": self._buffer if self._uses % self.cycle else [],
-                    "pending": pending, **self._loop_state()}, self._state_path(checkpoint))
+                    "pending": self._queue.state(), **self._loop_state()}, self._state_path(checkpoint))
 
     def _loop_state(self) -> dict:
         """More of the loop's state for checkpoints (PPO: its KL controller)."""
@@ -161,34 +129,20 @@ class GRPOTrainer(RLHFTrainer):
             raise SwiftError(f"--resume_from_checkpoint {self._resume_dir}: no {os.path.basename(str(path))} (the "
                              "GRPO loop's state); it was not saved by swift rlhf --rlhf_type grpo")
         state = torch.load(path, weights_only=False)  # written by _save_checkpoint above
-        self._uses = self._fetched = state["uses"]
+        self._uses = state["uses"]
         # the HF loop's set_epoch does not reach the sampler through accelerate's shard-and-skip
         # wrappers on several ranks; the sampler draws its order on this first read, so set it here
         self._sampler.epoch = int(self.state.epoch or 0)
         self._buffer = state["buffer"]
-        if state["pending"] is not None:
-            done: concurrent.futures.Future = concurrent.futures.Future()
-            done.set_result(state["pending"][1])
-            self._pending = (state["pending"][0], done)
+        self._queue.restore(state["uses"], state["pending"])
         self._load_loop_state(state, self._resume_dir)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """Read ahead to the end of the generation batch being started (and with --async_generate to
         the end of the next one's first pass) and number the batches as training_step will see them."""
-        if self._fetched == 0 and self.state.global_step > 0:  # the first batch of a resumed run
+        if self._queue.fetched == 0 and self.state.global_step > 0:  # the first batch of a resumed run
             self._restore()
-        if epoch_iterator is not self._ahead_iter:
-            self._ahead_iter, self._ahead = epoch_iterator, deque()
-        ahead = self.steps_per_generation + (self.cycle if self._pool is not None else 0)
-        while len(self._ahead) < num_batches + ahead:
-            try:
-                batch = next(epoch_iterator)
-            except StopIteration:
-                break
-            self._batches[self._fetched] = batch
-            self._fetched += 1
-            self._ahead.append(batch)
-        samples = [self._ahead.popleft() for _ in range(min(num_batches, len(self._ahead)))]
+        samples = self._queue.read(epoch_iterator, num_batches)
         return samples, self._get_num_items_in_batch(samples, device)
 
     # -- rollout -----------------------------------------------------------------------------------
@@ -215,8 +169,7 @@ class GRPOTrainer(RLHFTrainer):
 
     def close(self) -> None:
         """Stop the inference engine (vLLM's processes) or leave the rollout server's communicator."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._queue.close()
         self.engine.close()
 
     def _request_config(self, seed: int | None = None) -> RequestConfig:
@@ -247,27 +200,19 @@ class GRPOTrainer(RLHFTrainer):
         finally:
             model.train(was_training)
 
-    def _prompts_from(self, seq: int) -> list[dict] | None:
-        """The prompts of the generation batch whose first micro-batch is batch `seq` (None if not fetched)."""
-        batches = [self._batches.get(s) for s in range(seq, seq + self.steps_per_generation)]
-        return None if any(b is None for b in batches) else [p for b in batches for p in b]
-
     def _next_trajectories(self, prompts: list[dict]) -> list[Trajectory]:
         """This generation batch's trajectories: generated while the previous one trained
         (--async_generate, from the weights before that step's update) or now. Then start generating
         the next one."""
         n = self.num_generations
-        if self._pending is not None and self._pending[0] == self._uses:
-            trajectories = self._pending[1].result()
-        else:
+        trajectories = self._queue.take(self._uses)
+        if trajectories is None:
             trajectories = self._generate(prompts, n)
-        self._pending = None
-        if self._pool is not None:
-            following = self._prompts_from(self._uses + self.cycle)
+        if self._queue.pool is not None:
+            following = self._queue.prompts_from(self._uses + self.cycle)
             if following is not None:
                 self._sync_engine()
-                self._pending = (self._uses + self.cycle,
-                                 self._pool.submit(self._rollout_with_current_engine, following, n))
+                self._queue.start(self._uses + self.cycle, self._rollout_with_current_engine, following, n)
         return trajectories
 
     def _score(self, prompts: list[dict], trajectories: list[Trajectory], n: int):
@@ -419,9 +364,8 @@ class GRPOTrainer(RLHFTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         position = self._uses % self.cycle
         if position == 0:  # `inputs` is this generation batch's first micro-batch of prompts
-            for seq in [s for s in self._batches if s < self._uses]:
-                del self._batches[seq]
-            self._buffer = self._generate_and_score(self._prompts_from(self._uses))
+            self._queue.forget_before(self._uses)
+            self._buffer = self._generate_and_score(self._queue.prompts_from(self._uses))
         self._uses += 1
         return super().training_step(model, dict(self._buffer[position % self.steps_per_generation]),
                                      num_items_in_batch)
@@ -469,7 +413,7 @@ class GRPOTrainer(RLHFTrainer):
     def _aggregation_scale(self) -> float:
         """dapo and cispo normalise by the whole step's tokens: undo the trainer's division by the
         accumulation steps and DDP's average over ranks, so the step's gradient is Σ ℓ_t / tokens."""
-        if POLICY_LOSSES.get(self.rlhf_args.loss_type[0]) is not global_token_mean:
+        if not LOSS_TYPES.get(self.rlhf_args.loss_type[0]).over_step_tokens:
             return 1.0
         steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         return steps * self.accelerator.num_processes
@@ -499,32 +443,12 @@ class GRPOTrainer(RLHFTrainer):
     # -- metrics and evaluation --------------------------------------------------------------------
     def _log_rollout(self, prompts, trajectories, rewards, per_func, advantages) -> None:
         n = self.num_generations
-        m = self._metrics["train"]
-        grouped = rewards.view(-1, n)
-        std = nanstd(grouped, dim=1).squeeze(1) if n > 1 else torch.zeros(grouped.size(0))
-        m["reward"].append(rewards.nanmean().item())
-        m["reward_std"].append(std.mean().item())
-        m["frac_reward_zero_std"].append((std == 0).float().mean().item())
-        for name, values in zip(self.rewards.names, per_func):
-            v = torch.tensor(values)
-            v = v[~v.isnan()]
-            if v.numel():
-                m[f"rewards/{name}/mean"].append(v.mean().item())
-                m[f"rewards/{name}/std"].append(v.std().item() if v.numel() > 1 else 0.0)
-        lengths = torch.tensor([float(sum(t.loss_mask)) for t in trajectories])
-        m["completions/mean_length"].append(lengths.mean().item())
-        m["completions/min_length"].append(lengths.min().item())
-        m["completions/max_length"].append(lengths.max().item())
-        m["completions/clipped_ratio"].append(sum(t.truncated for t in trajectories) / len(trajectories))
-        if self.scheduler is not None:
-            m["completions/mean_turns"].append(sum(t.turns for t in trajectories) / len(trajectories))
+        for key, value in rollout_metrics(rewards, per_func, self.rewards.names, trajectories, n,
+                                          self.scheduler is not None).items():
+            self._metrics["train"][key].append(value)
         if self.rlhf_args.log_completions and (not dist.is_initialized() or dist.get_rank() == 0):
-            with open(self._completions_path, "a") as f:
-                for i, t in enumerate(trajectories):
-                    record = {"step": self.state.global_step, "prompt": prompts[i // n]["messages"],
-                              "completion": t.text, "reward": rewards[i].item(), "advantage": advantages[i].item(),
-                              **{f"rewards/{name}": values[i] for name, values in zip(self.rewards.names, per_func)}}
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            write_completions(self._completions_path, self.state.global_step, prompts, trajectories, rewards,
+                              advantages, self.rewards.names, per_func, n)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """One answer per eval prompt, sampled as in training (as TRL does) from a fixed seed so that
@@ -538,14 +462,7 @@ class GRPOTrainer(RLHFTrainer):
             torch.manual_seed(self.args.seed)
             trajectories = self._generate(prompts, 1)
         rewards, per_func = self._score(prompts, trajectories, 1)
-        metrics = {f"{metric_key_prefix}_reward": rewards.nanmean().item()}
-        for name, values in zip(self.rewards.names, per_func):
-            v = torch.tensor(values)
-            v = v[~v.isnan()]
-            if v.numel():
-                metrics[f"{metric_key_prefix}_rewards/{name}/mean"] = v.mean().item()
-        metrics[f"{metric_key_prefix}_completions/mean_length"] = sum(
-            sum(t.loss_mask) for t in trajectories) / len(trajectories)
+        metrics = eval_metrics(rewards, per_func, self.rewards.names, trajectories, metric_key_prefix)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics

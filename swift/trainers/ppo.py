@@ -17,7 +17,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from swift.rlhf.grpo import POLICY_LOSSES, kl_estimate
+from swift.rlhf.grpo import LOSS_TYPES, kl_estimate
 from swift.rlhf.ppo import KLController, gae, moments, token_rewards, value_loss, whiten
 from swift.trainers.completion_logps import token_values
 from swift.trainers.grpo import GRPOTrainer
@@ -199,7 +199,7 @@ class PPOTrainer(GRPOTrainer):
         values = token_values(self.critic, inputs)
         critic, value_clipped = value_loss(values, inputs["values"], inputs["returns"], mask,
                                            cliprange_value=a.cliprange_value,
-                                           aggregate=POLICY_LOSSES.get(a.loss_type[0]),
+                                           aggregate=LOSS_TYPES.get(a.loss_type[0]).aggregate,
                                            max_completion_length=a.max_completion_length,
                                            num_items_in_batch=inputs["step_tokens"])
         loss = (policy + a.vf_coef * critic) * self._aggregation_scale()

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from swift.rlhf.grpo import POLICY_LOSSES
+from swift.rlhf.grpo import per_sequence_mean
 from swift.rlhf.ppo import KLController, gae, moments, token_rewards, value_loss, whiten
 
 # three completions of 4, 2 and 5 tokens (the last cut at the length limit: no padding)
@@ -81,7 +81,7 @@ def test_value_loss_is_half_the_larger_squared_error_with_clipping():
     assert clipped[mask.bool()].tolist() == flags
     assert 0 < sum(flags) < len(flags)  # both branches are exercised
     # aggregated like the policy loss: per sequence, then over sequences
-    per_seq, _ = value_loss(new, old, returns, mask, cliprange_value=c, aggregate=POLICY_LOSSES.get("grpo"))
+    per_seq, _ = value_loss(new, old, returns, mask, cliprange_value=c, aggregate=per_sequence_mean)
     means, start = [], 0
     for n in LENGTHS:
         means.append(sum(terms[start:start + n]) / n)

@@ -1,0 +1,59 @@
+"""What the online loop logs about its rollouts (TRL's GRPO names), the completions file, and the
+metrics of an evaluation pass."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from swift.rlhf.grpo import nanstd
+
+
+def _scored(values: list[float]) -> torch.Tensor:
+    v = torch.tensor(values)
+    return v[~v.isnan()]
+
+
+def rollout_metrics(rewards: torch.Tensor, per_func: list[list[float]], names: list[str], trajectories,
+                    num_generations: int, multi_turn: bool) -> dict[str, float]:
+    """Rewards (mean, the groups' std, the share of groups with one reward), each function's mean and
+    std over the rows it scored, and completion lengths, clipping and turns."""
+    grouped = rewards.view(-1, num_generations)
+    std = nanstd(grouped, dim=1).squeeze(1) if num_generations > 1 else torch.zeros(grouped.size(0))
+    out = {"reward": rewards.nanmean().item(), "reward_std": std.mean().item(),
+           "frac_reward_zero_std": (std == 0).float().mean().item()}
+    for name, values in zip(names, per_func):
+        v = _scored(values)
+        if v.numel():
+            out[f"rewards/{name}/mean"] = v.mean().item()
+            out[f"rewards/{name}/std"] = v.std().item() if v.numel() > 1 else 0.0
+    lengths = torch.tensor([float(sum(t.loss_mask)) for t in trajectories])
+    out.update({"completions/mean_length": lengths.mean().item(), "completions/min_length": lengths.min().item(),
+                "completions/max_length": lengths.max().item(),
+                "completions/clipped_ratio": sum(t.truncated for t in trajectories) / len(trajectories)})
+    if multi_turn:
+        out["completions/mean_turns"] = sum(t.turns for t in trajectories) / len(trajectories)
+    return out
+
+
+def write_completions(path: str, step: int, prompts: list[dict], trajectories, rewards: torch.Tensor,
+                      advantages: torch.Tensor, names: list[str], per_func: list[list[float]],
+                      num_generations: int) -> None:
+    """One jsonl record per completion: prompt, completion, reward, advantage and each function's reward."""
+    with open(path, "a") as f:
+        for i, t in enumerate(trajectories):
+            record = {"step": step, "prompt": prompts[i // num_generations]["messages"], "completion": t.text,
+                      "reward": rewards[i].item(), "advantage": advantages[i].item(),
+                      **{f"rewards/{name}": values[i] for name, values in zip(names, per_func)}}
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def eval_metrics(rewards: torch.Tensor, per_func: list[list[float]], names: list[str], trajectories,
+                 prefix: str) -> dict[str, float]:
+    metrics = {f"{prefix}_reward": rewards.nanmean().item()}
+    for name, values in zip(names, per_func):
+        v = _scored(values)
+        if v.numel():
+            metrics[f"{prefix}_rewards/{name}/mean"] = v.mean().item()
+    metrics[f"{prefix}_completions/mean_length"] = sum(sum(t.loss_mask) for t in trajectories) / len(trajectories)
+    return metrics
