@@ -55,6 +55,24 @@ def split_config(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
+# OpenRLHF's dotted flags (its April 2026 rename) that name one of ours
+OPENRLHF_FLAGS = {
+    "rollout.n_samples_per_prompt": "n_samples_per_prompt", "algo.kl.init_coef": "init_kl_coef",
+    "algo.kl.target": "kl_target", "algo.kl.horizon": "kl_horizon", "algo.kl.estimator": "kl_estimator",
+    "algo.advantage.estimator": "advantage_estimator", "algo.advantage.gamma": "gamma",
+    "algo.advantage.lambd": "lam", "reward.remote_url": "remote_rm_url", "reward.clip_range": "reward_clip_range",
+}
+
+
+def _openrlhf_name(arg: str) -> str:
+    """`--algo.kl.init_coef 0.01` → `--init_kl_coef 0.01` (also in the `--flag=value` form)."""
+    if not arg.startswith("--"):
+        return arg
+    name, eq, value = arg[2:].partition("=")
+    ours = OPENRLHF_FLAGS.get(name)
+    return f"--{ours}{eq}{value}" if ours else arg
+
+
 def build_parser(cls: type[ComposedArguments], prog: str) -> _Parser:
     parser = _Parser(list(cls.parts.values()), prog=prog, allow_abbrev=False,
                      description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
@@ -79,6 +97,7 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
                 raise ArgumentError(f"{config_path}: {refused}")
             raise ArgumentError(f"{config_path}: unknown key '{unknown[0]}'.{closest(unknown[0], valid)}")
         parser.set_defaults(**config)
+    argv = [_openrlhf_name(arg) for arg in argv]
     namespace, rest = parser.parse_known_args(argv)
     if rest:
         flag = next((r for r in rest if r.startswith("-")), rest[0])

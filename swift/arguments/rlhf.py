@@ -112,6 +112,10 @@ class RlhfArguments:
     reward_weights: list[float] = field(default_factory=list, metadata={
         "help": "grpo: weight of each reward (functions, then --reward_model, then --reward_model_url; default 1)."})
     reward_model: str | None = field(default=None, metadata={"help": "grpo: a local seq_cls reward model directory."})
+    prm_model: str | None = field(default=None, metadata={
+        "help": "grpo/ppo: a process reward model (from --rlhf_type prm, same tokenizer) scoring every step of a "
+                "completion at --step_separator: ppo adds each step's score to its last token's reward, grpo adds "
+                "group-normalised process advantages (summed over the steps that follow each token)."})
     reward_model_url: str | None = field(default=None, metadata={
         "help": "grpo: URL of a `swift deploy --task_type seq_cls` server (its /v1/rewards)."})
     remote_rm_url: str | None = field(default=None, metadata={
@@ -258,6 +262,8 @@ class RlhfArguments:
 
     def _check_ppo(self) -> None:
         if not self.algorithm.critic:
+            if self.prm_model and self.algorithm.trainer != "rollout":
+                raise SwiftError(f"--prm_model scores rollouts of --rlhf_type grpo or ppo, not {self.rlhf_type}")
             for name in ("critic_model", "critic_learning_rate", "num_mini_batches", "kl_target",
                          "missing_eos_penalty"):
                 if getattr(self, name) is not None:

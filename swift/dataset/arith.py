@@ -85,3 +85,18 @@ def arith_prm(split: str = "train") -> list[dict]:
                      "completions": [f"{a:02d}+{b:02d}={shown_first}", f"{shown_first}+{c:02d}={shown_second}"],
                      "labels": [wrong != 1, wrong == 0]})
     return rows
+
+
+@BUILTIN_DATASETS.register("arith-steps")
+def arith_steps(split: str = "train") -> list[dict]:
+    """Chat rows for the two-step sums of arith-prm, solved correctly: user 'aa+bb+cc=' → assistant
+    'aa+bb=s' newline 's+cc=t'; `solution` holds t (a policy task for process rewards)."""
+    rows = []
+    for row in arith_prm(split):
+        a, b, c = row["prompt"][:-1].split("+")
+        first = int(a) + int(b)
+        total = first + int(c)
+        rows.append({"messages": [{"role": "user", "content": row["prompt"]},
+                                  {"role": "assistant", "content": f"{a}+{b}={first}\n{first}+{c}={total}"}],
+                     "solution": str(total)})
+    return rows

@@ -241,12 +241,18 @@ class RLHFPipeline(TrainPipeline):
         if a.per_device_train_batch_size % a.num_generations:
             raise SwiftError(f"--per_device_train_batch_size ({a.per_device_train_batch_size}) counts completions and "
                              f"must be a multiple of --num_generations ({a.num_generations})")
-        funcs = build_reward_funcs(a.reward_funcs, a.rlhf_args, a.reward_model, a.reward_model_url)
+        funcs = build_reward_funcs(a.reward_funcs, a.rlhf_args, a.reward_model, a.reward_model_url,
+                                   process=bool(a.prm_model))
         parts = {"reward_manager": RewardManager(funcs, a.reward_weights or None),
                  "scheduler": build_scheduler(a.multi_turn_scheduler, a.max_turns, env=a.gym_env),
                  "engine_factory": self._engine_factory()}
         if self.algorithm.critic:
             parts["critic_model"] = self._critic()
+        if a.prm_model:
+            from swift.rewards.process import ProcessRewardModel
+
+            parts["process_rewards"] = ProcessRewardModel(a.prm_model, self.template.tokenizer, a.step_separator,
+                                                          device=a.training_args.device)
         return parts
 
     def _critic(self):

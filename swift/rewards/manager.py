@@ -82,7 +82,8 @@ class RemoteRewardModel:
 
 
 def build_reward_funcs(names: list[str], args=None, reward_model: str | None = None,
-                       reward_model_url: str | None = None) -> list[tuple[str, Callable]]:
+                       reward_model_url: str | None = None, process: bool = False) -> list[tuple[str, Callable]]:
+    """`process`: a process reward model scores the steps too, so no outcome reward is needed."""
     funcs: list[tuple[str, Callable]] = []
     for name in names:
         if name.endswith(".py"):
@@ -95,8 +96,8 @@ def build_reward_funcs(names: list[str], args=None, reward_model: str | None = N
         funcs.append(("reward_model", RewardModelReward(reward_model, getattr(args, "template", None))))
     if reward_model_url:
         funcs.append(("reward_model_url", RemoteRewardModel(reward_model_url)))
-    if not funcs:
-        raise SwiftError("online RL needs a reward: --reward_funcs, --reward_model or --reward_model_url")
+    if not funcs and not process:
+        raise SwiftError("online RL needs a reward: --reward_funcs, --reward_model, --reward_model_url or --prm_model")
     return funcs
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from swift.infer.protocol import RequestConfig
+from swift.rewards.process import process_advantages
 from swift.rlhf.grpo import LOSS_TYPES, compute_advantages, high_entropy_mask
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
@@ -37,11 +38,13 @@ logger = get_logger(__name__)
 
 
 class GRPOTrainer(RLHFTrainer):
-    def __init__(self, *args, ref_model=None, reward_manager, scheduler=None, engine_factory, **kwargs):
+    def __init__(self, *args, ref_model=None, reward_manager, scheduler=None, engine_factory, process_rewards=None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         a = self.rlhf_args
         self.ref_model = self.frozen(ref_model)
         self.rewards = reward_manager
+        self.process_rewards = process_rewards  # swift.rewards.process.ProcessRewardModel, or None
         self.scheduler = scheduler
         # the engine starts with the trainer (vLLM takes a while), and generates with the policy's weights
         self.engine = engine_factory(self.accelerator.unwrap_model(self.model))
@@ -232,12 +235,15 @@ class GRPOTrainer(RLHFTrainer):
         """Sample, score and compute advantages for the whole generation batch, then cut it into
         its micro-batches, each with the log-probs it needs computed before any update."""
         trajectories, rewards, per_func = self._sample_and_score(prompts)
+        steps = self._score_steps(trajectories)
+        if steps is not None and not self.rewards.names:  # process rewards alone: every row is scored
+            rewards = torch.zeros_like(rewards)
         scored = ~rewards.isnan()
         if not scored.all():
             logger.warning(f"{int((~scored).sum())} of {len(trajectories)} completions got no reward (every reward "
                            "function returned None); they are left out of the loss")
         micro = self._micro_batches(trajectories, scored)
-        advantages = self._assign_advantages(micro, rewards, trajectories)
+        advantages = self._assign_advantages(micro, rewards, trajectories, steps)
         # dapo's normaliser: the loss tokens of each optimizer step's micro-batches, over all ranks
         ga = self.args.gradient_accumulation_steps
         tokens = torch.stack([b["loss_mask"].sum() for b in micro]).view(-1, ga).sum(-1)
@@ -289,12 +295,32 @@ class GRPOTrainer(RLHFTrainer):
             micro.append(batch)
         return micro
 
-    def _assign_advantages(self, micro: list[dict], rewards: torch.Tensor, trajectories) -> torch.Tensor:
-        """Each completion's advantage from the group's rewards; returns them (for the logs)."""
+    def _score_steps(self, trajectories: list[Trajectory]):
+        """Each completion's steps and their process rewards (None without --prm_model)."""
+        if self.process_rewards is None:
+            return None
+        steps = self.process_rewards.score([t.prompt_ids for t in trajectories],
+                                           [t.completion_ids for t in trajectories])
+        values = [r for row in steps for _, r in row]
+        m = self._metrics["train"]
+        m["rewards/prm/mean"].append(sum(values) / len(values) if values else float("nan"))
+        m["rewards/prm/steps"].append(len(values) / len(steps))
+        return steps
+
+    def _assign_advantages(self, micro: list[dict], rewards: torch.Tensor, trajectories, steps=None) -> torch.Tensor:
+        """Each completion's advantage from the group's rewards (plus, with process rewards, each
+        token's process advantage: the advantages become [B, T]); returns the sequence advantages
+        (for the logs)."""
         advantages = self._advantages(rewards).nan_to_num(0.0)
         rows = self.args.per_device_train_batch_size
+        process = None
+        if steps is not None:
+            process = process_advantages(steps, self.num_generations, max(b["completion_ids"].size(1) for b in micro))
         for i, batch in enumerate(micro):
             batch["advantages"] = advantages[i * rows:(i + 1) * rows]
+            if process is not None:
+                width = batch["completion_ids"].size(1)
+                batch["advantages"] = batch["advantages"][:, None] + process[i * rows:(i + 1) * rows, :width]
         return advantages
 
     def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:

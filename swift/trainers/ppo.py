@@ -114,9 +114,10 @@ class PPOTrainer(GRPOTrainer):
             stats = self.accelerator.reduce(stats.to(self.args.device), reduction="sum")
         return stats.cpu()
 
-    def _assign_advantages(self, micro: list[dict], rewards: torch.Tensor, trajectories) -> torch.Tensor:
-        """Per-token rewards (the score on the last token, −β KL on each), the critic's values, GAE
-        advantages whitened over the generation batch (all ranks) and the returns the critic learns."""
+    def _assign_advantages(self, micro: list[dict], rewards: torch.Tensor, trajectories, steps=None) -> torch.Tensor:
+        """Per-token rewards (the score on the last token, −β KL on each, each step's process reward
+        on its last token), the critic's values, GAE advantages whitened over the generation batch
+        (all ranks) and the returns the critic learns."""
         a = self.rlhf_args
         scores = rewards.nan_to_num(0.0)
         truncated = torch.tensor([t.truncated for t in trajectories], dtype=scores.dtype)
@@ -134,8 +135,12 @@ class PPOTrainer(GRPOTrainer):
             kl = torch.zeros_like(mask)
             if batch.get("ref_logps") is not None:
                 kl = kl_estimate(batch["old_logps"].float(), batch["ref_logps"].float(), a.kl_estimator) * mask
-            per_token.append(token_rewards(scores[i * rows:(i + 1) * rows].to(mask.device), kl, mask,
-                                           self.kl_ctl.value))
+            r = token_rewards(scores[i * rows:(i + 1) * rows].to(mask.device), kl, mask, self.kl_ctl.value)
+            for j, row in enumerate(steps[i * rows:(i + 1) * rows] if steps is not None else []):
+                for end, value in row:
+                    if end < r.size(1):
+                        r[j, end] += value
+            per_token.append(r)
             masks.append(mask)
             kl_sums.append(kl.sum(-1))
         if a.whiten_rewards:

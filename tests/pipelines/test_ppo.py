@@ -149,6 +149,10 @@ def test_openrlhf_names_map_onto_ours():
     a = parse_args(RLHFArguments, [*base, "--rlhf_type", "grpo", "--advantage_estimator", "reinforce",
                                    "--remote_rm_url", "reward.py"])
     assert a.advantage_estimator == "reinforce_plus_plus" and a.reward_funcs == ["reward.py"]
+    a = parse_args(RLHFArguments, [*base, "--rlhf_type", "grpo", "--algo.advantage.estimator", "rloo",
+                                   "--rollout.n_samples_per_prompt=2", "--reward.remote_url", "r.py",
+                                   "--algo.kl.init_coef", "0.01"])
+    assert (a.advantage_estimator, a.num_generations, a.reward_funcs, a.beta) == ("rloo", 2, ["r.py"], 0.01)
     a = parse_args(RLHFArguments, [*base, "--rlhf_type", "ppo", "--init_kl_coef", "0.01", "--num_ppo_epochs", "2",
                                    "--cliprange", "0.1"])
     assert (a.beta, a.num_iterations, a.epsilon, a.num_generations, a.kl_estimator, a.loss_type) == \
