@@ -124,7 +124,8 @@ class RlhfArguments:
     external_plugins: list[str] = field(default_factory=list, metadata={
         "help": "Python files imported at start (register rewards in swift.rewards.orms, schedulers in "
                 "swift.rollout.multi_turn.multi_turns)."})
-    epsilon: float = field(default=0.2, metadata={"help": "grpo: clip range ε of the importance ratio."})
+    epsilon: float | None = field(default=None, metadata={
+        "help": "grpo/ppo: clip range ε of the importance ratio (0.2; --cliprange is TRL's PPO name)."})
     epsilon_high: float | None = field(default=None, metadata={
         "help": "grpo: upper clip ε_high (default ε; DAPO 0.28); with --loss_type cispo the cap of the importance "
                 "weight itself (default 5.0)."})
@@ -223,12 +224,13 @@ class RlhfArguments:
     init_kl_coef: float | None = field(default=None, metadata={"help": "ppo: OpenRLHF's name for --beta."})
     kl_target: float | None = field(default=None, metadata={
         "help": "ppo: adaptive KL controller: steer the mean sequence KL towards this value (off by default)."})
-    kl_horizon: int = field(default=10000, metadata={"help": "ppo: horizon of the adaptive KL controller."})
+    kl_horizon: int | None = field(default=None, metadata={
+        "help": "ppo: horizon of the adaptive KL controller (10000; with --kl_target)."})
     cliprange: float | None = field(default=None, metadata={"help": "ppo: TRL's name for --epsilon (0.2)."})
-    cliprange_value: float = field(default=0.2, metadata={"help": "ppo: clip range of the value update."})
-    vf_coef: float = field(default=0.1, metadata={"help": "ppo: weight of the value loss."})
-    gamma: float = field(default=1.0, metadata={"help": "ppo: discount γ of GAE."})
-    lam: float = field(default=0.95, metadata={"help": "ppo: λ of GAE."})
+    cliprange_value: float | None = field(default=None, metadata={"help": "ppo: clip range of the value update (0.2)."})
+    vf_coef: float | None = field(default=None, metadata={"help": "ppo: weight of the value loss (0.1)."})
+    gamma: float | None = field(default=None, metadata={"help": "ppo: discount γ of GAE (1.0)."})
+    lam: float | None = field(default=None, metadata={"help": "ppo: λ of GAE (0.95)."})
     whiten_rewards: bool = field(default=False, metadata={
         "help": "ppo: whiten the per-token rewards over the batch (their mean kept) before GAE."})
     missing_eos_penalty: float | None = field(default=None, metadata={
@@ -244,28 +246,32 @@ class RlhfArguments:
             if value is None:
                 continue
             ours = getattr(self, name)
-            if ours is not None and ours != value and not (name == "epsilon" and ours == 0.2):
+            if ours is not None and ours != value:
                 raise SwiftError(f"--{alias} {value} and --{name} {ours} name the same setting; give one")
+            # written once, under our name (args.json then repeats the run without a conflict)
             setattr(self, name, value)
+            setattr(self, alias, None)
         if self.advantage_estimator in OPENRLHF_ESTIMATORS:
             self.advantage_estimator = OPENRLHF_ESTIMATORS[self.advantage_estimator]
         if self.remote_rm_url:
             if self.remote_rm_url.startswith(("http://", "https://")):
-                if self.reward_model_url:
+                if self.reward_model_url and self.reward_model_url != self.remote_rm_url:
                     raise SwiftError("--remote_rm_url and --reward_model_url name the same setting; give one")
                 self.reward_model_url = self.remote_rm_url
             elif self.remote_rm_url.endswith(".py"):
-                self.reward_funcs = [*self.reward_funcs, self.remote_rm_url]
+                if self.remote_rm_url not in self.reward_funcs:
+                    self.reward_funcs = [*self.reward_funcs, self.remote_rm_url]
             else:
                 raise SwiftError(f"--remote_rm_url {self.remote_rm_url!r} must be an http(s) URL or a .py file "
                                  "defining reward_func")
+            self.remote_rm_url = None
 
     def _check_ppo(self) -> None:
         if not self.algorithm.critic:
             if self.prm_model and self.algorithm.trainer != "rollout":
                 raise SwiftError(f"--prm_model scores rollouts of --rlhf_type grpo or ppo, not {self.rlhf_type}")
-            for name in ("critic_model", "critic_learning_rate", "num_mini_batches", "kl_target",
-                         "missing_eos_penalty"):
+            for name in ("critic_model", "critic_learning_rate", "num_mini_batches", "kl_target", "kl_horizon",
+                         "missing_eos_penalty", "gamma", "lam", "vf_coef", "cliprange_value"):
                 if getattr(self, name) is not None:
                     raise SwiftError(f"--{name} applies to --rlhf_type ppo (a learned critic), not {self.rlhf_type}")
             if self.whiten_rewards or self.reward_clip_range:
@@ -290,6 +296,9 @@ class RlhfArguments:
             raise SwiftError("--vf_coef must be >= 0 and --cliprange_value > 0")
         if self.kl_target is not None and (self.kl_target <= 0 or self.kl_horizon <= 0):
             raise SwiftError("--kl_target and --kl_horizon must be positive")
+        if self.kl_target is not None and not self.beta:
+            raise SwiftError("--kl_target adapts the KL coefficient from --beta / --kl_coef, which is 0 here (no "
+                             "reference model); give a starting coefficient > 0")
         if self.reward_clip_range and (len(self.reward_clip_range) != 2
                                        or self.reward_clip_range[0] >= self.reward_clip_range[1]):
             raise SwiftError(f"--reward_clip_range takes LOW HIGH with LOW < HIGH, got {self.reward_clip_range}")
@@ -400,6 +409,9 @@ class RLHFArguments(SftArguments):
         if self.tuner_type == "lora" and uses_reference and changes_base:
             raise SwiftError("--lora_bias / --init_weights pissa|olora change the base model's weights, so the model "
                              "with its adapter switched off is no longer the reference: pass --ref_model")
+        if algo.critic and self.training_args.fp16:
+            raise SwiftError("--fp16 with --rlhf_type ppo: the critic's gradients are clipped outside the fp16 loss "
+                             "scaler; use --bf16 or fp32")
         if algo.critic and (self.training_args.deepspeed_config or self.training_args.fsdp):
             engine = "deepspeed" if self.training_args.deepspeed_config else "fsdp"
             raise SwiftError(f"--rlhf_type ppo under --{engine} is not in this version yet (its critic is trained "

@@ -222,5 +222,5 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
 ALGORITHMS.register("grpo", Algorithm(
     trainer="rollout", data="prompt", loss=policy_loss, reference=True,
     defaults={"beta": 0.04, "loss_type": ["grpo"], "kl_estimator": "k3", "num_generations": 8,
-              "advantage_estimator": "grpo", "num_iterations": 1},
+              "advantage_estimator": "grpo", "num_iterations": 1, "epsilon": 0.2},
     loss_types=LOSS_TYPES))

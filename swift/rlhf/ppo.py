@@ -3,7 +3,8 @@ last PPOTrainer): per-token rewards, GAE, the clipped value loss and the KL cont
 
 Completions are [B, T] with a `mask` that is 1 on each completion's tokens (a prefix: right padding
 after). The sequence score r (reward functions / reward model, after `--missing_eos_penalty` and
-`--reward_clip_range`) goes on the completion's last token and every token pays the KL penalty:
+`--reward_clip_range`) goes on the completion's last token and every token the policy sampled pays
+the KL penalty:
     reward_t = −β KL_t + [t = last] r,      KL_t = k1: log π_old(t) − log π_ref(t)  (or k2/k3)
 GAE with discount γ and λ (a finished or truncated completion ends the episode: V after the last
 token is 0):
@@ -104,5 +105,6 @@ class KLController:
 ALGORITHMS.register("ppo", Algorithm(
     trainer="rollout", data="prompt", loss=policy_loss, reference=True, critic=True,
     defaults={"beta": 0.05, "loss_type": ["dapo"], "kl_estimator": "k1", "num_generations": 1,
-              "advantage_estimator": "gae", "num_iterations": 4},
+              "advantage_estimator": "gae", "num_iterations": 4, "epsilon": 0.2, "gamma": 1.0, "lam": 0.95,
+              "vf_coef": 0.1, "cliprange_value": 0.2, "kl_horizon": 10000},
     loss_types=LOSS_TYPES))

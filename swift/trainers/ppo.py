@@ -25,6 +25,7 @@ from swift.trainers.rlhf import disable_dropout
 from swift.utils.registry import SwiftError
 
 CRITIC_DIR = "critic"
+CRITIC_STATE = "critic.safetensors"
 
 
 class PPOTrainer(GRPOTrainer):
@@ -45,12 +46,17 @@ class PPOTrainer(GRPOTrainer):
     # -- optimizer ---------------------------------------------------------------------------------
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
-        params = [p for p in self.critic.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in self.critic.named_parameters() if p.requires_grad]
         known = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        if params and id(params[0]) not in known:
+        if named and id(named[0][1]) not in known:
             lr = self.rlhf_args.critic_learning_rate
-            optimizer.add_param_group({"params": params, "weight_decay": self.args.weight_decay,
-                                       "lr": self.args.learning_rate if lr is None else lr})
+            lr = self.args.learning_rate if lr is None else lr
+            decay = set(self.get_decay_parameter_names(self.critic))  # biases and norms without, as the policy's
+            for with_decay in (True, False):
+                params = [p for n, p in named if (n in decay) == with_decay]
+                if params:
+                    optimizer.add_param_group({"params": params, "lr": lr,
+                                               "weight_decay": self.args.weight_decay if with_decay else 0.0})
         return optimizer
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -80,13 +86,22 @@ class PPOTrainer(GRPOTrainer):
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        """The policy as the HF Trainer saves it, and the critic under `critic/` (a loadable model:
-        `--critic_model DIR/critic` starts another run from it)."""
+        """The policy as the HF Trainer saves it, and the critic: at the end under `critic/` (full: a
+        model `--critic_model` loads; LoRA: its adapter and head), in a checkpoint as the tensors it
+        trains in `critic.safetensors` (not a folder: the HF Trainer's resume would take a folder
+        holding an adapter for one of the policy's adapters)."""
         super().save_model(output_dir, _internal_call)
-        if self.args.should_save:
-            path = os.path.join(output_dir or self.args.output_dir, CRITIC_DIR)
-            self.critic.save_pretrained(path)
-            self.processing_class.save_pretrained(path)
+        if not self.args.should_save:
+            return
+        output_dir = output_dir or self.args.output_dir
+        if _internal_call:
+            from safetensors.torch import save_file
+
+            trained = {n: p.detach().contiguous() for n, p in self.critic.named_parameters() if p.requires_grad}
+            save_file(trained, os.path.join(output_dir, CRITIC_STATE))
+        else:
+            self.critic.save_pretrained(os.path.join(output_dir, CRITIC_DIR))
+            self.processing_class.save_pretrained(os.path.join(output_dir, CRITIC_DIR))
 
     def _loop_state(self) -> dict:
         return {"kl_controller": self.kl_ctl.state_dict()}
@@ -95,18 +110,14 @@ class PPOTrainer(GRPOTrainer):
         from safetensors.torch import load_file
 
         self.kl_ctl.load_state_dict(state["kl_controller"])
-        path = os.path.join(checkpoint, CRITIC_DIR)
-        if hasattr(self.critic, "peft_config"):
-            from peft import set_peft_model_state_dict
-
-            result = set_peft_model_state_dict(self.critic, load_file(os.path.join(path, "adapter_model.safetensors")))
-            missing = list(result.unexpected_keys)  # the adapter holds only the trained weights
-        else:
-            result = self.critic.load_state_dict(load_file(os.path.join(path, "model.safetensors")), strict=False)
-            missing = list(result.missing_keys) + list(result.unexpected_keys)
-        if missing:
-            raise SwiftError(f"--resume_from_checkpoint {checkpoint}: the critic in {path} does not match this run's "
-                             f"critic ({missing[0]}); resume with the critic settings it was saved with")
+        path = os.path.join(checkpoint, CRITIC_STATE)
+        trained = {n for n, p in self.critic.named_parameters() if p.requires_grad}
+        saved = load_file(path) if os.path.exists(path) else {}
+        if set(saved) != trained:
+            wrong = sorted(set(saved) ^ trained) or [path]
+            raise SwiftError(f"--resume_from_checkpoint {checkpoint}: {CRITIC_STATE} does not hold this run's critic "
+                             f"({wrong[0]}); resume with the critic settings it was saved with")
+        self.critic.load_state_dict(saved, strict=False)
 
     # -- advantages --------------------------------------------------------------------------------
     def _global(self, stats: torch.Tensor) -> torch.Tensor:
@@ -133,8 +144,9 @@ class PPOTrainer(GRPOTrainer):
             with torch.no_grad():
                 batch["values"] = token_values(self.critic, device_batch) * mask
             kl = torch.zeros_like(mask)
-            if batch.get("ref_logps") is not None:
-                kl = kl_estimate(batch["old_logps"].float(), batch["ref_logps"].float(), a.kl_estimator) * mask
+            if batch.get("ref_logps") is not None:  # on the tokens the policy sampled (not a tool's output)
+                sampled = device_batch["loss_mask"].float() * mask
+                kl = kl_estimate(batch["old_logps"].float(), batch["ref_logps"].float(), a.kl_estimator) * sampled
             r = token_rewards(scores[i * rows:(i + 1) * rows].to(mask.device), kl, mask, self.kl_ctl.value)
             for j, row in enumerate(steps[i * rows:(i + 1) * rows] if steps is not None else []):
                 for end, value in row:

@@ -18,10 +18,10 @@ def rollout_metrics(rewards: torch.Tensor, per_func: list[list[float]], names: l
                     num_generations: int, multi_turn: bool) -> dict[str, float]:
     """Rewards (mean, the groups' std, the share of groups with one reward), each function's mean and
     std over the rows it scored, and completion lengths, clipping and turns."""
-    grouped = rewards.view(-1, num_generations)
-    std = nanstd(grouped, dim=1).squeeze(1) if num_generations > 1 else torch.zeros(grouped.size(0))
-    out = {"reward": rewards.nanmean().item(), "reward_std": std.mean().item(),
-           "frac_reward_zero_std": (std == 0).float().mean().item()}
+    out = {"reward": rewards.nanmean().item()}
+    if num_generations > 1:  # the spread within groups (one completion per prompt has none)
+        std = nanstd(rewards.view(-1, num_generations), dim=1).squeeze(1)
+        out.update({"reward_std": std.mean().item(), "frac_reward_zero_std": (std == 0).float().mean().item()})
     for name, values in zip(names, per_func):
         v = _scored(values)
         if v.numel():

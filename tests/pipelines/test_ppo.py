@@ -54,8 +54,8 @@ def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatc
     seen = []
     original = PPOTrainer._assign_advantages
 
-    def spy(self, micro, rewards, trajectories):
-        out = original(self, micro, rewards, trajectories)
+    def spy(self, micro, rewards, trajectories, steps=None):
+        out = original(self, micro, rewards, trajectories, steps)
         seen.append(([dict(b) for b in micro], rewards.clone(), self.kl_ctl.value))
         return out
 
@@ -64,7 +64,7 @@ def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatc
                        "--kl_coef", "0.2", "--lam", "0.9", "--gamma", "0.95"))
     (micro,), rewards, beta = seen[0]
     mask = micro["completion_mask"].float()
-    kl = (micro["old_logps"] - micro["ref_logps"]) * mask
+    kl = (micro["old_logps"] - micro["ref_logps"]) * mask * micro["loss_mask"]
     lengths = mask.sum(-1).long()
     token_reward = -0.2 * kl
     token_reward[torch.arange(len(lengths)), lengths - 1] += rewards
@@ -82,19 +82,21 @@ def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatc
     assert log["loss"] == pytest.approx(log["loss/policy_avg"] + 0.1 * value, rel=1e-3, abs=1e-5)
 
 
-def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize("tuner,steps", [("full", (2, 3)), ("lora", (3,))])
+def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path, tuner, steps):
     """Adaptive KL (its coefficient is part of the checkpoint), two passes per rollout: resumed
     inside a rollout (step 3) and at its boundary (step 2), the run ends with the uninterrupted run's
-    losses, policy, critic and KL coefficient."""
+    losses, policy, critic and KL coefficient (a LoRA critic: its adapter and head)."""
     def argv(out, *extra):
-        return ppo_argv(out, "--tuner_type", "full", "--max_steps", "4", "--num_ppo_epochs", "2",
+        return ppo_argv(out, "--tuner_type", tuner, "--max_steps", "4", "--num_ppo_epochs", "2",
                         "--kl_target", "0.01", "--kl_horizon", "50", "--save_strategy", "steps", "--save_steps", "1",
                         *extra)
 
     rlhf_main(argv(tmp_path / "straight"))
     straight = {r["global_step"]: r for r in read(tmp_path / "straight" / "logging.jsonl") if "loss" in r}
     assert straight[3]["objective/kl_coef"] != 0.05  # the controller moved
-    for step in (2, 3):
+    weights = "model.safetensors" if tuner == "full" else "adapter_model.safetensors"
+    for step in steps:
         out = tmp_path / f"from{step}"
         shutil.copytree(tmp_path / "straight" / f"checkpoint-{step}", out / f"checkpoint-{step}")
         rlhf_main(argv(out, "--resume_from_checkpoint", str(out / f"checkpoint-{step}")))
@@ -104,10 +106,10 @@ def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path):
             for key in ("loss", "loss/value_avg", "objective/kl_coef"):
                 assert (key in r) == (key in straight[s]), (s, key)
                 assert r.get(key) == pytest.approx(straight[s].get(key)), (s, key)
-        for path in ("model.safetensors", "critic/model.safetensors"):
-            final, weights = load_file(tmp_path / "straight" / path), load_file(out / path)
+        for path in (weights, f"critic/{weights}"):
+            final, resumed_weights = load_file(tmp_path / "straight" / path), load_file(out / path)
             for name, tensor in final.items():
-                torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=f"{path} {name}")
+                torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=1e-6, msg=f"{path} {name}")
 
 
 def test_critic_from_a_reward_model_directory(tmp_path):
@@ -131,10 +133,33 @@ def test_critic_from_a_reward_model_directory(tmp_path):
     (["--rlhf_type", "ppo", "--deepspeed", "zero2"], "not in this version yet"),
     (["--rlhf_type", "grpo", "--critic_model", "x"], "--critic_model applies to --rlhf_type ppo"),
     (["--rlhf_type", "ppo", "--remote_rm_url", "ftp://x"], "must be an http(s) URL or a .py file"),
+    (["--rlhf_type", "grpo", "--algo.advantage.gamma", "0.9"], "--gamma applies to --rlhf_type ppo"),
+    (["--rlhf_type", "ppo", "--kl_target", "1", "--beta", "0"], "--kl_target adapts the KL coefficient"),
+    (["--rlhf_type", "ppo", "--fp16", "true"], "--fp16 with --rlhf_type ppo"),
+    (["--rlhf_type", "ppo", "--epsilon", "0.2", "--cliprange", "0.3"], "--cliprange 0.3 and --epsilon 0.2"),
 ])
 def test_ppo_refuses_what_it_would_ignore(tmp_path, argv, message):
     with pytest.raises(SwiftError, match=re.escape(message)):
         rlhf_main(train_argv(tmp_path, "--dataset", "builtin:arith-sft#8", *TEXT_LENGTH, *argv))
+
+
+def test_aliases_are_written_once_so_args_json_repeats_the_run(tmp_path):
+    """An alias is stored under our name only: `--config args.json` gives the same arguments again
+    (no reward counted twice, no conflict between an alias and its target)."""
+    from swift.arguments.base import to_jsonable
+    from swift.arguments.parser import parse_args
+    from swift.arguments.rlhf import RLHFArguments
+
+    argv = ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft#8", "--rlhf_type", "ppo",
+            "--remote_rm_url", "r.py", "--kl_coef", "0.1", "--num_ppo_epochs", "2", "--cliprange", "0.3"]
+    first = parse_args(RLHFArguments, argv)
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps(to_jsonable(first.to_dict())))
+    again = parse_args(RLHFArguments, ["--config", str(path)])
+    for name in ("reward_funcs", "beta", "num_iterations", "epsilon", "remote_rm_url", "kl_coef"):
+        assert getattr(again, name) == getattr(first, name), name
+    assert again.reward_funcs == ["r.py"] and again.beta == 0.1
+    assert parse_args(RLHFArguments, ["--config", str(path), "--beta", "0.3"]).beta == 0.3
 
 
 def test_openrlhf_names_map_onto_ours():

@@ -78,16 +78,50 @@ def test_process_advantages_by_hand():
 
 
 @pytest.mark.parametrize("rlhf_type", ["grpo", "ppo"])
-def test_training_with_process_rewards(tmp_path, prm_dir, rlhf_type):
+def test_process_rewards_reach_training_where_the_formulas_place_them(tmp_path, prm_dir, rlhf_type, monkeypatch):
+    """Through the trainer: GRPO's advantages are the outcome advantage plus `process_advantages` of
+    the PRM's step scores; PPO's returns are GAE over the per-token rewards with each step's score on
+    its last token (β 0, no outcome reward: the step scores are the only reward)."""
     from swift.pipelines.rlhf import rlhf_main
+    from swift.rlhf.ppo import gae
+    from swift.trainers.grpo import GRPOTrainer
 
-    extra = ["--num_generations", "4"] if rlhf_type == "grpo" else []
-    rlhf_main(train_argv(tmp_path, "--rlhf_type", rlhf_type, "--dataset", "builtin:arith-steps#16",
-                         "--prm_model", prm_dir, "--per_device_train_batch_size", "8", "--max_completion_length", "8",
-                         "--temperature", "1.0", "--max_steps", "2", *extra))
+    seen = []
+    original = GRPOTrainer._assign_advantages
+    trainer_cls = GRPOTrainer
+    if rlhf_type == "ppo":
+        from swift.trainers.ppo import PPOTrainer
+
+        original, trainer_cls = PPOTrainer._assign_advantages, PPOTrainer
+
+    def spy(self, micro, rewards, trajectories, steps=None):
+        out = original(self, micro, rewards, trajectories, steps)
+        seen.append(([dict(b) for b in micro], rewards.clone(), steps, out))
+        return out
+
+    monkeypatch.setattr(trainer_cls, "_assign_advantages", spy)
+    extra = ["--num_generations", "4"] if rlhf_type == "grpo" else ["--num_ppo_epochs", "1"]
+    rlhf_main(train_argv(tmp_path, "--rlhf_type", rlhf_type, "--dataset", "builtin:arith-steps#16", "--tuner_type",
+                         "full", "--prm_model", prm_dir, "--per_device_train_batch_size", "8", "--beta", "0",
+                         "--max_completion_length", "8", "--temperature", "1.0", "--max_steps", "1", *extra))
+    (micro,), rewards, steps, sequence_advantages = seen[0]
+    assert all(len(row) >= 1 for row in steps) and torch.equal(rewards, torch.zeros(8))
+    width = micro["completion_ids"].size(1)
+    if rlhf_type == "grpo":
+        expected = sequence_advantages[:, None] + process_advantages(steps, 4, width)
+        torch.testing.assert_close(micro["advantages"], expected)
+        assert micro["advantages"].abs().sum() > 0
+    else:
+        mask = micro["completion_mask"].float()
+        token_reward = torch.zeros(8, width)
+        for i, row in enumerate(steps):
+            for end, r in row:
+                token_reward[i, end] += r
+        _, returns = gae(token_reward, micro["values"], mask, 1.0, 0.95)
+        torch.testing.assert_close(micro["returns"], returns, rtol=1e-5, atol=1e-5)
     with open(tmp_path / "logging.jsonl") as f:
-        logs = [json.loads(line) for line in f if '"loss"' in line]
-    assert len(logs) == 2 and "rewards/prm/mean" in logs[0] and logs[0]["rewards/prm/steps"] >= 1
+        log = next(json.loads(line) for line in f if '"loss"' in line)
+    assert log["rewards/prm/steps"] >= 1 and 0 < log["rewards/prm/mean"] < 1
 
 
 def test_prm_model_is_refused_outside_online_rl(tmp_path, prm_dir):
