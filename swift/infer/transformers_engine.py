@@ -64,12 +64,16 @@ class _Row:
 class TransformersEngine(InferEngine):
     def __init__(self, model, tokenizer, template: Template, *, max_batch_size: int = 32,
                  max_model_len: int | None = None, default_adapter: str | None = None,
-                 processed_logprobs: bool = False, fast_decode: bool = True):
+                 processed_logprobs: bool = False, fast_decode: bool = True, inline: bool = False):
         """`default_adapter`: the LoRA adapter of requests that name none (None: the base model).
         `processed_logprobs`: report log-probs of the distribution actually sampled from (after the
         repetition penalty and temperature), as an RL trainer's importance weights need; otherwise
         the model's raw log-probs. `fast_decode`: decode Llama-family models with the lean step of
-        `swift.infer.fast_decode` once its first steps have matched the model's own forward."""
+        `swift.infer.fast_decode` once its first steps have matched the model's own forward.
+        `inline`: decode in the thread that calls `infer()` (a trainer's), with no worker thread.
+        Torch's CPU kernels keep a pool of spinning worker threads per calling thread, so a trainer
+        that runs forwards in its own thread and decodes in another has two pools fighting for the
+        cores (decoding ran about 3 times slower on 2 cores); an inline engine serves `infer()` only."""
         self.processed_logprobs = processed_logprobs
         self._fast = FastDecoder.build(model) if fast_decode else None
         self._fast_verified = False
@@ -89,8 +93,10 @@ class TransformersEngine(InferEngine):
         self._wake = threading.Condition()
         self._closed = False
         self._running = 0
-        self._thread = threading.Thread(target=self._worker, daemon=True, name="swift-engine")
-        self._thread.start()
+        self.inline = inline
+        self._thread = None if inline else threading.Thread(target=self._worker, daemon=True, name="swift-engine")
+        if self._thread is not None:
+            self._thread.start()
         _LIVE_ENGINES.add(self)
 
     def close(self) -> None:
@@ -105,7 +111,7 @@ class TransformersEngine(InferEngine):
         for job in pending:
             if not job.cancelled:  # a cancelled job's caller is gone (its event loop may be closed)
                 job.deliver(SwiftError("the inference engine was closed"))
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     # -- public API ------------------------------------------------------------------------------
@@ -143,6 +149,8 @@ class TransformersEngine(InferEngine):
         return checksum([state[name].to(tensor.dtype) for name, tensor in named])
 
     def _submit(self, request: InferRequest, config: RequestConfig, deliver, on_delta=None) -> _Job:
+        if self.inline:
+            raise SwiftError("this engine decodes in its caller's thread (a trainer's) and serves infer() only")
         prompt = self.encode(request)
         self.check(prompt, config)
         job = _Job(prompt, config, request.adapter, deliver, on_delta)
@@ -175,7 +183,9 @@ class TransformersEngine(InferEngine):
             for i, (request, prompt, c) in enumerate(zip(requests, prompts, configs)):
                 self._pending.append(_Job(prompt, c, request.adapter, deliver_to(i)))
             self._wake.notify()
-        if requests:
+        if self.inline:
+            self._drain()
+        elif requests:
             done.wait()
         for result in results:
             if isinstance(result, BaseException):
@@ -242,10 +252,23 @@ class TransformersEngine(InferEngine):
         """Requests waiting for a batch, and requests in the batch being decoded."""
         return {"queued": len(self._pending), "running": self._running}
 
+    def _drain(self) -> None:
+        """Inline: decode everything queued, in this thread."""
+        while True:
+            with self._wake:
+                if not self._pending or self._closed:
+                    return
+            jobs = self._next_batch()
+            if jobs is None:
+                return
+            self._run(jobs)
+
     def _worker(self) -> None:
         while (jobs := self._next_batch()) is not None:
-            if not jobs:
-                continue
+            self._run(jobs)
+
+    def _run(self, jobs: list[_Job]) -> None:
+        if jobs:
             self._running = len(jobs)
             try:
                 self._set_adapter(jobs[0].adapter or self.default_adapter)

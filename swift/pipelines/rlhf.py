@@ -282,8 +282,9 @@ class RLHFPipeline(TrainPipeline):
             adapter = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
             if zero3(a.training_args) or a.training_args.fsdp:  # partitioned: generate with a whole copy, synced bucket-wise
                 model, adapter = whole_copy(model).to(a.training_args.device), None
+            # inline: decoding in the training thread (a second thread's kernels would fight it for the cores)
             return TransformersEngine(model, template.tokenizer, template, default_adapter=adapter,
-                                      max_batch_size=max(a.per_device_train_batch_size, 8))
+                                      max_batch_size=max(a.per_device_train_batch_size, 8), inline=True)
 
         def vllm_engine(model):
             from swift.infer.vllm_engine import colocated_vllm_engine

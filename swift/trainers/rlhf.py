@@ -222,7 +222,7 @@ class DistillTrainer(RLHFTrainer):
             # the student samples with its adapters on (LoRA), as it is being trained
             adapter = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
             self._engines[by] = TransformersEngine(model, self.processing_class, template=None,
-                                                   default_adapter=adapter)
+                                                   default_adapter=adapter, inline=True)
         model.eval()
         config = RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature,
                                seed=self._rng.randrange(2 ** 31))

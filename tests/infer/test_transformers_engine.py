@@ -45,6 +45,24 @@ def test_n_samples_share_prefill_and_seed_is_reproducible(engine):
     assert a.completion_tokens == sum(len(c.token_ids) for c in a.choices)
 
 
+def test_an_inline_engine_decodes_in_the_callers_thread_with_the_same_results(engine, tiny):
+    """A trainer's engine (inline=True) has no worker thread; the same seeded requests give the same
+    tokens as the threaded engine, and the streaming/async API it does not serve says so."""
+    import threading
+
+    model, tokenizer, _ = tiny
+    inline = TransformersEngine(model, tokenizer, get_template("chatml", tokenizer), max_batch_size=16, inline=True)
+    before = threading.active_count()
+    config = RequestConfig(max_tokens=8, temperature=1.0, n=3, seed=11)
+    ours = inline.infer([chat(p) for p in PROMPTS], config)
+    theirs = engine.infer([chat(p) for p in PROMPTS], config)
+    assert [[c.token_ids for c in r.choices] for r in ours] == [[c.token_ids for c in r.choices] for r in theirs]
+    assert threading.active_count() == before
+    with pytest.raises(SwiftError, match="serves infer\\(\\) only"):
+        asyncio.run(inline.infer_async(chat("1+1="), config))
+    inline.close()
+
+
 def test_stop_words_and_length(engine):
     free = engine.infer([chat("7+5=")], RequestConfig(max_tokens=20))[0].choices[0]
     assert free.finish_reason == "length" and len(free.token_ids) == 20
