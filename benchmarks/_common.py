@@ -135,3 +135,22 @@ def print_config(shared: dict, sides: dict[str, dict | str], notes: list[str] = 
         print(f"|---|{'---|' * len(names)}")
         for key in next(iter(resolved_by_side.values())):
             print(f"| {key} | {' | '.join(str(resolved_by_side[n].get(key)) for n in names)} |")
+
+
+def take_turns(runners: dict, repeats: int) -> dict[str, list]:
+    """Each runner called with the built-in tiny model saved as a local directory, the runners
+    taking turns `repeats` times (a slow spell of a shared machine then hits every side alike);
+    returns each runner's results in order."""
+    import tempfile
+
+    from swift.model import load_model
+
+    runs: dict[str, list] = {name: [] for name in runners}
+    with tempfile.TemporaryDirectory() as model_dir:
+        model, tokenizer, _ = load_model("builtin:tiny-chat")
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        for _ in range(repeats):
+            for name, run in runners.items():
+                runs[name].append(run(model_dir))
+    return runs

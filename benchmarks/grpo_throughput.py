@@ -23,7 +23,8 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from benchmarks._common import DTYPE, StepTimer, add_callback, print_config, resolved, trainer_settings  # noqa: E402
+from benchmarks._common import (DTYPE, StepTimer, add_callback, print_config, resolved, take_turns,  # noqa: E402
+                                trainer_settings)
 from swift.arguments.rlhf import RLHFArguments  # noqa: E402
 from swift.dataset.loader import load_rows  # noqa: E402
 from swift.model import load_model  # noqa: E402
@@ -100,14 +101,7 @@ def main() -> None:
                "swift grpo (transformers engine)": lambda d: run_swift(d, shared, swift, a.warmup, False)}
     if a.vllm:
         runners["swift grpo (vLLM colocate)"] = lambda d: run_swift(d, shared, swift, a.warmup, True)
-    runs: dict[str, list[tuple]] = {name: [] for name in runners}
-    with tempfile.TemporaryDirectory() as model_dir:
-        model, tokenizer, _ = load_model("builtin:tiny-chat")
-        model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-        for _ in range(a.repeats):
-            for name, run in runners.items():
-                runs[name].append(run(model_dir))
+    runs = take_turns(runners, a.repeats)
     rows = [(name, statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
             for name, rs in runs.items()]
     base = rows[0][1]

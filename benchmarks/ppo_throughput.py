@@ -27,10 +27,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from benchmarks._common import DTYPE, StepTimer, add_callback, print_config, trainer_settings  # noqa: E402
+from benchmarks._common import DTYPE, StepTimer, add_callback, print_config, take_turns, trainer_settings  # noqa: E402
 from swift.arguments.rlhf import RLHFArguments  # noqa: E402
 from swift.dataset.loader import load_rows  # noqa: E402
-from swift.model import load_model  # noqa: E402
 from swift.pipelines.rlhf import RLHFPipeline  # noqa: E402
 
 PROMPTS, TOKENS, LR, BETA = 8, 64, 1e-5, 0.05
@@ -138,15 +137,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them, on both sides")
     p.add_argument("--repeats", type=int, default=3, help="runs per side, taken in turns; medians reported")
     a = p.parse_args()
-    runners = {"bare PyTorch PPO loop": run_plain, "swift rlhf --rlhf_type ppo": run_swift}
-    runs: dict[str, list[float]] = {name: [] for name in runners}
-    with tempfile.TemporaryDirectory() as model_dir:
-        model, tokenizer, _ = load_model("builtin:tiny-chat")
-        model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-        for _ in range(a.repeats):
-            for name, run in runners.items():
-                runs[name].append(run(model_dir, a))
+    runs = take_turns({"bare PyTorch PPO loop": lambda d: run_plain(d, a),
+                       "swift rlhf --rlhf_type ppo": lambda d: run_swift(d, a)}, a.repeats)
     base = statistics.median(runs["bare PyTorch PPO loop"])
     print(f"\nmodel builtin:tiny-chat (saved as a local directory), {PROMPTS} prompts x 1 completion, {TOKENS} "
           f"tokens, {a.warmup} warm-up + {a.steps} timed steps, median of {a.repeats} runs each")

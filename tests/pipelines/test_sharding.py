@@ -69,7 +69,7 @@ def shard_flags(preset: str) -> list[str]:
     return ["--deepspeed", preset]
 
 
-@pytest.mark.parametrize("case,preset", [("pt", "zero3"), ("sft", "zero2"), ("sft", "zero3"), ("sft", "zero1+ga"),
+@pytest.mark.parametrize("case,preset", [("pt", "zero3"), ("sft", "zero2"), ("sft", "zero1+ga"),
                                          ("dpo", "zero3"), ("grpo_full", "zero3"), ("grpo_lora", "zero3"),
                                          ("sft", "fsdp2+ga"), ("sft_lora", "fsdp2"), ("dpo", "fsdp2"),
                                          ("grpo_lora", "fsdp2")])
