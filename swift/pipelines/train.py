@@ -269,7 +269,9 @@ def _last_eval(trainer) -> dict[str, float]:
 
 
 def _evaluated_at(trainer) -> bool:
-    steps = [e.get("step") for e in trainer.state.log_history if "eval_loss" in e or "eval_acc" in e]
+    # eval_reward: the online trainers' evaluation (sampled answers scored by the rewards)
+    steps = [e.get("step") for e in trainer.state.log_history
+             if "eval_loss" in e or "eval_acc" in e or "eval_reward" in e]
     return bool(steps) and steps[-1] == trainer.state.global_step
 
 
