@@ -284,9 +284,8 @@ class RlhfArguments:
             raise SwiftError(f"--rlhf_type ppo estimates advantages with its critic (gae), not "
                              f"--advantage_estimator {self.advantage_estimator}; for critic-free estimators use "
                              "--rlhf_type grpo")
-        for name in ("dynamic_sample",):
-            if getattr(self, name):
-                raise SwiftError(f"--{name} resamples groups of equal rewards, which PPO's critic does not need")
+        if self.dynamic_sample:
+            raise SwiftError("--dynamic_sample resamples groups of equal rewards, which PPO's critic does not need")
         if self.scale_rewards is not None:
             raise SwiftError("--scale_rewards applies to grpo's group advantages; ppo whitens its GAE advantages "
                              "(and --whiten_rewards its rewards)")

@@ -326,7 +326,9 @@ class TransformersEngine(InferEngine):
         elif name is not None:
             raise SwiftError(f"adapter '{name}' requested but the engine has no adapters")
 
-    def _generate(self, jobs: list[_Job]) -> None:
+    def _prefill(self, jobs: list[_Job]):
+        """Run the left-padded prompts once: (their KV cache, the next-token logits, the attention
+        mask, the positions), with each job's prompt log-probs when asked for."""
         device = next(self.model.parameters()).device
         cfg = jobs[0].config
         pad = self.tokenizer.pad_token_id
@@ -337,12 +339,37 @@ class TransformersEngine(InferEngine):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         prefill = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                              use_cache=True).logits
-        logits = prefill[:, -1].float()
         if cfg.prompt_logprobs is not None:
             for b, j in enumerate(jobs):
                 j.prompt_logprobs = self._prompt_logprobs(prefill[b, width - len(j.prompt):], j.prompt,
                                                           cfg.prompt_logprobs)
-        del prefill
+        return cache, prefill[:, -1].float(), mask, positions
+
+    def _sample_step(self, rows: list[_Row], logits: torch.Tensor, cfg: RequestConfig, stop_len: int) -> torch.Tensor:
+        """Sample each row's next token from `logits` (the batch's shared sampling settings `cfg`) and
+        advance the row (a row that fails fails its own request alone); returns the tokens."""
+        scored = logits
+        if cfg.repetition_penalty != 1.0:
+            scored = apply_repetition_penalty(logits, [r.job.prompt + r.tokens for r in rows], cfg.repetition_penalty)
+        next_tokens = sample(scored, cfg, [r.generator for r in rows])
+        logprobs = None
+        if cfg.logprobs:
+            processed = self.processed_logprobs and cfg.temperature > 0
+            logprobs = torch.log_softmax(scored / cfg.temperature if processed else logits, -1)
+        for i, (row, token) in enumerate(zip(rows, next_tokens.tolist())):
+            if row.job.cancelled:
+                continue
+            try:
+                self._advance(row, token, logprobs[i] if logprobs is not None else None, stop_len)
+            except Exception as e:  # this row's request fails; its batch mates go on
+                logger.exception("a request failed while decoding")
+                self._fail(row.job, e)
+        return next_tokens
+
+    def _generate(self, jobs: list[_Job]) -> None:
+        device = next(self.model.parameters()).device
+        cfg = jobs[0].config
+        cache, logits, mask, positions = self._prefill(jobs)
         if cfg.max_tokens == 0:  # the prompt scored, nothing generated
             for j in jobs:
                 j.rows = [_Row(j, k, None, finish="length") for k in range(j.config.n)]
@@ -363,23 +390,7 @@ class TransformersEngine(InferEngine):
             if self._fast_verified:
                 cache = None  # the fast path holds the keys and values from here on
         while True:
-            scored = logits
-            if cfg.repetition_penalty != 1.0:
-                scored = apply_repetition_penalty(logits, [r.job.prompt + r.tokens for r in rows],
-                                                  cfg.repetition_penalty)
-            next_tokens = sample(scored, cfg, [r.generator for r in rows])
-            logprobs = None
-            if cfg.logprobs:
-                processed = self.processed_logprobs and cfg.temperature > 0
-                logprobs = torch.log_softmax(scored / cfg.temperature if processed else logits, -1)
-            for i, (row, token) in enumerate(zip(rows, next_tokens.tolist())):
-                if row.job.cancelled:
-                    continue
-                try:
-                    self._advance(row, token, logprobs[i] if logprobs is not None else None, stop_len)
-                except Exception as e:  # this row's request fails; its batch mates go on
-                    logger.exception("a request failed while decoding")
-                    self._fail(row.job, e)
+            next_tokens = self._sample_step(rows, logits, cfg, stop_len)
             keep = [i for i, r in enumerate(rows) if r.finish is None and not r.job.cancelled]
             for job in jobs:
                 self._maybe_deliver(job)

@@ -60,12 +60,17 @@ def moments(tensors: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Ten
                         sum(m.sum() for m in masks)]).double()
 
 
+def mean_and_var(stats: torch.Tensor) -> tuple[float, float]:
+    """The mean and the Bessel-corrected variance of `stats` (from `moments`)."""
+    total, squares, n = stats.tolist()
+    mean = total / max(n, 1)
+    return mean, max(squares / max(n, 1) - mean * mean, 0.0) * (n / (n - 1) if n > 1 else 1.0)
+
+
 def whiten(x: torch.Tensor, mask: torch.Tensor, stats: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
     """(x − mean) / sqrt(var + 1e-8) with the mean and the Bessel-corrected variance of `stats`
     (from `moments`); with shift_mean=False the mean is added back. 0 outside `mask`."""
-    total, squares, n = stats.tolist()
-    mean = total / max(n, 1)
-    var = max(squares / max(n, 1) - mean * mean, 0.0) * (n / (n - 1) if n > 1 else 1.0)
+    mean, var = mean_and_var(stats)
     out = (x - mean) / (var + WHITEN_EPS) ** 0.5
     if not shift_mean:
         out = out + mean

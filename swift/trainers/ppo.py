@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from swift.rlhf.grpo import LOSS_TYPES, kl_estimate
-from swift.rlhf.ppo import KLController, gae, moments, token_rewards, value_loss, whiten
+from swift.rlhf.ppo import KLController, gae, mean_and_var, moments, token_rewards, value_loss, whiten
 from swift.trainers.completion_logps import token_values
 from swift.trainers.grpo import GRPOTrainer
 from swift.trainers.rlhf import disable_dropout
@@ -178,7 +178,9 @@ class PPOTrainer(GRPOTrainer):
                              sum(-(b["old_logps"].float() * m).sum() for b, m in zip(micro, loss_masks)).cpu(),
                              torch.tensor(float(sum(int((~b["truncated"]).sum()) for b in micro)))]).double()
         kl_total, score_total, n, neg_logp_total, eos = self._global(local).tolist()
-        explained = self._global(self._explained_moments(micro, loss_masks)).tolist()
+        # how much of the returns' variance the critic's values explain
+        _, var_returns = mean_and_var(self._global(moments([b["returns"] for b in micro], loss_masks)))
+        _, var_errors = mean_and_var(self._global(moments([b["returns"] - b["values"] for b in micro], loss_masks)))
         kl, score = kl_total / n, score_total / n
         beta = self.kl_ctl.value
         m = self._metrics["train"]
@@ -189,24 +191,8 @@ class PPOTrainer(GRPOTrainer):
         m["objective/scores"].append(score)
         m["objective/kl_coef"].append(beta)
         m["val/num_eos_tokens"].append(eos)
-        count, r_sum, r_sq, d_sum, d_sq = explained
-        if count > 1:
-            var_r = r_sq / count - (r_sum / count) ** 2
-            var_d = d_sq / count - (d_sum / count) ** 2
-            m["val/var_explained"].append(1 - var_d / var_r if var_r > 0 else 0.0)
+        m["val/var_explained"].append(1 - var_errors / var_returns if var_returns > 0 else 0.0)
         self.kl_ctl.update(kl, int(n))
-
-    @staticmethod
-    def _explained_moments(micro, loss_masks) -> torch.Tensor:
-        """[n, Σ R, Σ R², Σ (R − V), Σ (R − V)²] over the loss tokens: how much of the returns' variance
-        the critic's values explain."""
-        out = torch.zeros(5, dtype=torch.float64)
-        for b, m in zip(micro, loss_masks):
-            ret, diff = b["returns"].double(), (b["returns"] - b["values"]).double()
-            md = m.double()
-            out += torch.stack([md.sum(), (ret * md).sum(), (ret * ret * md).sum(), (diff * md).sum(),
-                                (diff * diff * md).sum()]).cpu()
-        return out
 
     # -- loss --------------------------------------------------------------------------------------
     def loss_and_metrics(self, model, inputs):
