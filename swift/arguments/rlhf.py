@@ -214,6 +214,9 @@ class RlhfArguments:
     critic_model: str | None = field(default=None, metadata={
         "help": "ppo: the critic's starting weights (a causal LM or seq_cls directory, e.g. a reward model from "
                 "--rlhf_type rm); a value head is put on it. Default: --model. LoRA or full as --tuner_type."})
+    critic_backbone: str | None = field(default=None, metadata={
+        "help": "ppo: separate (default: a value model of its own, --critic_model) or shared (a value head on the "
+                "policy's last hidden state; the value loss also trains the policy's weights)."})
     critic_learning_rate: float | None = field(default=None, metadata={
         "help": "ppo: the critic's learning rate (default --learning_rate; the same schedule)."})
     num_ppo_epochs: int | None = field(default=None, metadata={"help": "ppo: TRL's name for --num_iterations (4)."})
@@ -270,8 +273,8 @@ class RlhfArguments:
         if not self.algorithm.critic:
             if self.prm_model and self.algorithm.trainer != "rollout":
                 raise SwiftError(f"--prm_model scores rollouts of --rlhf_type grpo or ppo, not {self.rlhf_type}")
-            for name in ("critic_model", "critic_learning_rate", "num_mini_batches", "kl_target", "kl_horizon",
-                         "missing_eos_penalty", "gamma", "lam", "vf_coef", "cliprange_value"):
+            for name in ("critic_model", "critic_backbone", "critic_learning_rate", "num_mini_batches", "kl_target",
+                         "kl_horizon", "missing_eos_penalty", "gamma", "lam", "vf_coef", "cliprange_value"):
                 if getattr(self, name) is not None:
                     raise SwiftError(f"--{name} applies to --rlhf_type ppo (a learned critic), not {self.rlhf_type}")
             if self.whiten_rewards or self.reward_clip_range:
@@ -284,6 +287,13 @@ class RlhfArguments:
             raise SwiftError(f"--rlhf_type ppo estimates advantages with its critic (gae), not "
                              f"--advantage_estimator {self.advantage_estimator}; for critic-free estimators use "
                              "--rlhf_type grpo")
+        if self.critic_backbone is None:
+            self.critic_backbone = "separate"
+        if self.critic_backbone not in ("separate", "shared"):
+            raise SwiftError(f"--critic_backbone must be separate or shared, got {self.critic_backbone!r}")
+        if self.critic_backbone == "shared" and self.critic_model:
+            raise SwiftError("--critic_model starts a separate critic; --critic_backbone shared puts the value head on "
+                             "the policy itself: give one")
         if self.dynamic_sample:
             raise SwiftError("--dynamic_sample resamples groups of equal rewards, which PPO's critic does not need")
         if self.scale_rewards is not None:

@@ -217,7 +217,7 @@ class RLHFPipeline(TrainPipeline):
                                  f"tokens, the student {model.config.vocab_size}; distillation needs the same one")
             extra["teacher_model"] = teacher
         if algo.trainer == "rollout":
-            extra.update(self._rollout_parts())
+            extra.update(self._rollout_parts(model))
         return extra
 
     def _reference_with_adapters(self):
@@ -233,7 +233,7 @@ class RLHFPipeline(TrainPipeline):
             model = PeftModel.from_pretrained(model, path).merge_and_unload()
         return model
 
-    def _rollout_parts(self) -> dict[str, Any]:
+    def _rollout_parts(self, model) -> dict[str, Any]:
         from swift.rewards.manager import RewardManager, build_reward_funcs
         from swift.rollout.multi_turn import build_scheduler
 
@@ -247,7 +247,7 @@ class RLHFPipeline(TrainPipeline):
                  "scheduler": build_scheduler(a.multi_turn_scheduler, a.max_turns, env=a.gym_env),
                  "engine_factory": self._engine_factory()}
         if self.algorithm.critic:
-            parts["critic_model"] = self._critic()
+            parts["critic"] = self._critic(model)
         if a.prm_model:
             from swift.rewards.process import ProcessRewardModel
 
@@ -255,21 +255,27 @@ class RLHFPipeline(TrainPipeline):
                                                           device=a.training_args.device)
         return parts
 
-    def _critic(self):
-        """The value model: a one-label token-classification head on --critic_model (default: the
-        policy's starting weights, its --adapters merged in), tuned as --tuner_type."""
+    def _critic(self, model):
+        """The critic `--critic_backbone` names: `separate`, a one-label token-classification head on
+        --critic_model (default: the policy's starting weights, its --adapters merged in), tuned as
+        --tuner_type; or `shared`, a value head on the policy's last hidden state."""
         from peft import PeftModel
 
+        from swift.trainers.critic import CRITICS
         from swift.tuners import prepare_model
 
         a = self.args
+        device = a.training_args.device
+        if a.critic_backbone == "shared":
+            return CRITICS.get("shared")(model.config.get_text_config().hidden_size, device)
         critic = load_model(a.critic_model or a.model, use_hf=a.use_hf,
                             revision=None if a.critic_model else a.model_revision, torch_dtype=a.torch_dtype,
                             attn_impl=a.attn_impl, task_type="token_cls", num_labels=1, check_model=a.check_model)[0]
         if not a.critic_model:
             for path in a.adapters:
                 critic = PeftModel.from_pretrained(critic, path).merge_and_unload()
-        return prepare_model(critic, dataclasses.replace(a.tuner_args, adapters=[]), task_type="token_cls")
+        critic = prepare_model(critic, dataclasses.replace(a.tuner_args, adapters=[]), task_type="token_cls")
+        return CRITICS.get("separate")(critic, device, a.disable_dropout)
 
     def _engine_factory(self):
         a = self.args

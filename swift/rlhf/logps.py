@@ -32,7 +32,7 @@ PLAIN_HEAD_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "
 CHUNK_ELEMENTS = 2 ** 26
 
 
-def _causal_lm(model):
+def causal_lm(model):
     """The transformers model inside DDP and PEFT wrappers."""
     model = getattr(model, "module", model)
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -43,7 +43,7 @@ def plain_head(model) -> torch.nn.Linear | None:
     for a model wrapped for distributed training whose output layer trains and is not tied to the
     input embeddings: DDP would see that weight unused by the forward and then used after it; and
     under ZeRO-3 or FSDP."""
-    inner = _causal_lm(model)
+    inner = causal_lm(model)
     head = getattr(inner, "lm_head", None)
     if getattr(inner.config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES or type(head) is not torch.nn.Linear:
         return None
@@ -57,7 +57,7 @@ def plain_head(model) -> torch.nn.Linear | None:
 @contextlib.contextmanager
 def hidden_states_out(model):
     """Within the block, the model's forward returns its last hidden states as `.logits`."""
-    inner = _causal_lm(model)
+    inner = causal_lm(model)
     head = inner.lm_head
     inner.lm_head = torch.nn.Identity()
     try:

@@ -7,20 +7,27 @@ import contextlib
 import torch
 from transformers import DynamicCache
 
-from swift.rlhf.logps import head_logps, hidden_states_out, plain_head
+from swift.rlhf.logps import causal_lm, head_logps, hidden_states_out, plain_head
 
 
 def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool = True,
-                group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+                group_size: int = 1, with_hidden: bool = False):
     """Per-token log-probs and entropies ([B, Lc]) of the completion tokens under the sampling
     distribution (logits / temperature), from left-padded prompts and right-padded completions.
     `group_size` n > 1: rows come in groups of n with the same prompt, which is then run once per
     group (its keys and values are shared by the group's completions, gradients included). With a
     plain output layer the model returns hidden states and the vocabulary is projected in chunks
-    (`swift.rlhf.logps.head_logps`)."""
+    (`swift.rlhf.logps.head_logps`). `with_hidden`: also return the last hidden states ([B, Lc, H])
+    at those positions, the input of the output layer (a value head's input)."""
     completion = batch["completion_ids"]
     head = plain_head(model)
-    with hidden_states_out(model) if head is not None else contextlib.nullcontext():
+    captured = []  # the output layer's inputs, when it runs whole and a value head needs them
+    if with_hidden and head is None:
+        group_size = 1
+        watch = _output_layer_inputs(model, captured)
+    else:
+        watch = hidden_states_out(model) if head is not None else contextlib.nullcontext()
+    with watch:
         chunks = _shared_prompt_logits(model, batch, group_size) if group_size > 1 else None
         if chunks is None:
             ids = torch.cat([batch["prompt_ids"], completion], dim=1)
@@ -28,6 +35,9 @@ def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool
             positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
             chunks = [model(input_ids=ids, attention_mask=mask, position_ids=positions,
                             logits_to_keep=completion.size(1) + 1, use_cache=False).logits[:, :-1]]
+    hidden = None
+    if with_hidden:
+        hidden = torch.cat(chunks, dim=1) if head is not None else captured[0][:, :-1]
     tokens, entropies, start = [], [], 0
     for logits in chunks:  # consecutive completion positions; scored apart so the logits are never copied whole
         target = completion[:, start:start + logits.size(1)]
@@ -48,7 +58,17 @@ def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool
         tokens.append(logp.gather(-1, target[..., None]).squeeze(-1))
         with torch.no_grad():
             entropies.append(-(logp.exp() * logp).sum(-1))
-    return torch.cat(tokens, dim=1), torch.cat(entropies, dim=1) if with_entropy else None
+    out = torch.cat(tokens, dim=1), torch.cat(entropies, dim=1) if with_entropy else None
+    return (*out, hidden) if with_hidden else out
+
+
+@contextlib.contextmanager
+def _output_layer_inputs(model, into: list):
+    hook = causal_lm(model).get_output_embeddings().register_forward_pre_hook(lambda _, args: into.append(args[0]))
+    try:
+        yield
+    finally:
+        hook.remove()
 
 
 def _shared_prompt_logits(model, batch: dict, n: int) -> list[torch.Tensor] | None:

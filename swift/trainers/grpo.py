@@ -365,8 +365,9 @@ class GRPOTrainer(RLHFTrainer):
         return batch
 
     # -- log-probs ---------------------------------------------------------------------------------
-    def _token_logps(self, model, batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return token_logps(model, batch, self.rlhf_args.temperature, with_entropy, self._prompt_group(model))
+    def _token_logps(self, model, batch, with_entropy: bool = False, with_hidden: bool = False):
+        return token_logps(model, batch, self.rlhf_args.temperature, with_entropy, self._prompt_group(model),
+                           with_hidden)
 
     def _prompt_group(self, model) -> int:
         """How many rows share each prompt forward: num_generations, unless the model is wrapped
@@ -412,11 +413,12 @@ class GRPOTrainer(RLHFTrainer):
             metrics["kl"] = masked_mean(info["kl"].detach())
         return loss, metrics
 
-    def _policy_objective(self, model, inputs, beta: float):
+    def _policy_objective(self, model, inputs, beta: float, with_hidden: bool = False):
         """The policy loss of a micro-batch (before `_aggregation_scale`), its per-token diagnostics
-        (ratio, clipped flags, kl), the tokens' entropies and the off-policy metrics."""
+        (ratio, clipped flags, kl; with_hidden: the forward's last hidden states), the tokens'
+        entropies and the off-policy metrics."""
         a = self.rlhf_args
-        logps, entropies = self._token_logps(model, inputs, with_entropy=True)
+        logps, entropies, *hidden = self._token_logps(model, inputs, with_entropy=True, with_hidden=with_hidden)
         mask = inputs["loss_mask"]
         old = inputs.get("old_logps")
         old = logps.detach() if old is None else old
@@ -434,6 +436,8 @@ class GRPOTrainer(RLHFTrainer):
             max_completion_length=a.max_completion_length, token_weights=weights,
             num_items_in_batch=inputs["step_tokens"])
         info["logps"] = logps
+        if hidden:
+            info["hidden"] = hidden[0]
         return loss, info, entropies, sampling_metrics
 
     def _aggregation_scale(self) -> float:

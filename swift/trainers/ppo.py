@@ -4,54 +4,42 @@ weight pushes, checkpoints). What differs is the advantage (GAE from per-token r
 critic's values, `swift.rlhf.ppo`) and the loss (the clipped policy loss plus `--vf_coef` × the
 clipped value loss).
 
-The critic is a second model (a one-label token-classification head on `--critic_model`, default
-the policy's starting weights; LoRA or full as `--tuner_type`). Its parameters are one more group
-of the trainer's optimizer (so one optimizer state and one schedule, as TRL's PPO), at
+The critic is a part chosen by `--critic_backbone` (`swift.trainers.critic`): a separate value
+model, or a value head on the policy's own last hidden state. Its parameters are more groups of
+the trainer's optimizer (so one optimizer state and one schedule, as TRL's PPO), at
 `--critic_learning_rate`; before each optimizer step its gradients are averaged over ranks and
-clipped at `--max_grad_norm` on their own. Checkpoints hold it under `critic/`, its optimizer
+clipped at `--max_grad_norm` on their own. Checkpoints hold its trained tensors, its optimizer
 state with the policy's, and the KL controller with the loop's state."""
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed as dist
 
 from swift.rlhf.grpo import LOSS_TYPES, kl_estimate
 from swift.rlhf.ppo import KLController, gae, mean_and_var, moments, token_rewards, value_loss, whiten
-from swift.trainers.completion_logps import token_values
+from swift.trainers.critic import Critic
 from swift.trainers.grpo import GRPOTrainer
-from swift.trainers.rlhf import disable_dropout
-from swift.utils.registry import SwiftError
-
-CRITIC_DIR = "critic"
-CRITIC_STATE = "critic.safetensors"
 
 
 class PPOTrainer(GRPOTrainer):
     always_old_logps = True  # the KL penalty of the reward compares them with the reference's
 
-    def __init__(self, *args, critic_model, **kwargs):
+    def __init__(self, *args, critic: Critic, **kwargs):
         super().__init__(*args, **kwargs)
         a = self.rlhf_args
-        self.critic = critic_model.to(self.args.device)
-        if a.disable_dropout:
-            disable_dropout(self.critic)
-        self.critic.train()
-        if self.accelerator.num_processes > 1:  # one starting critic (a fresh value head is drawn per rank)
-            for tensor in self.critic.state_dict().values():
-                dist.broadcast(tensor, src=0)
+        self.critic = critic
+        if self.accelerator.num_processes > 1:
+            self.critic.broadcast()
         self.kl_ctl = KLController(a.beta, a.kl_target, a.kl_horizon)
 
     # -- optimizer ---------------------------------------------------------------------------------
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
-        named = [(n, p) for n, p in self.critic.named_parameters() if p.requires_grad]
+        named = self.critic.named_trainable()
         known = {id(p) for group in optimizer.param_groups for p in group["params"]}
         if named and id(named[0][1]) not in known:
             lr = self.rlhf_args.critic_learning_rate
             lr = self.args.learning_rate if lr is None else lr
-            decay = set(self.get_decay_parameter_names(self.critic))  # biases and norms without, as the policy's
+            decay = set(self.get_decay_parameter_names(self.critic.module))  # biases and norms without, as the policy's
             for with_decay in (True, False):
                 params = [p for n, p in named if (n in decay) == with_decay]
                 if params:
@@ -62,62 +50,35 @@ class PPOTrainer(GRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         ga = self.args.gradient_accumulation_steps
         if self._uses % ga == 0:  # the first micro-batch of an optimizer step
-            self.critic.zero_grad(set_to_none=True)
+            self.critic.zero_grad()
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self._uses % ga == 0:  # the last one: the optimizer steps next
-            self._reduce_critic_grads()
+            norm = self.critic.reduce_and_clip(self.accelerator.num_processes, self.args.max_grad_norm)
+            if norm is not None:
+                self._metrics["train"]["val/grad_norm"].append(norm)
         return loss
-
-    def _reduce_critic_grads(self) -> None:
-        params = [p for p in self.critic.parameters() if p.grad is not None]
-        if not params:
-            return
-        if self.accelerator.num_processes > 1:  # the critic is not DDP-wrapped: average as DDP does
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            dist.all_reduce(flat)
-            flat /= self.accelerator.num_processes
-            offset = 0
-            for p in params:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-                offset += p.numel()
-        if self.args.max_grad_norm and self.args.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
-            self._metrics["train"]["val/grad_norm"].append(norm.item())
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        """The policy as the HF Trainer saves it, and the critic: at the end under `critic/` (full: a
-        model `--critic_model` loads; LoRA: its adapter and head), in a checkpoint as the tensors it
-        trains in `critic.safetensors` (not a folder: the HF Trainer's resume would take a folder
-        holding an adapter for one of the policy's adapters)."""
+        """The policy as the HF Trainer saves it, and the critic: at the end as `--critic_backbone`
+        says (`critic/` or `value_head.safetensors`), in a checkpoint as the tensors it trains in
+        `critic.safetensors` (not a folder: the HF Trainer's resume would take a folder holding an
+        adapter for one of the policy's adapters)."""
         super().save_model(output_dir, _internal_call)
         if not self.args.should_save:
             return
         output_dir = output_dir or self.args.output_dir
         if _internal_call:
-            from safetensors.torch import save_file
-
-            trained = {n: p.detach().contiguous() for n, p in self.critic.named_parameters() if p.requires_grad}
-            save_file(trained, os.path.join(output_dir, CRITIC_STATE))
+            self.critic.save_checkpoint(output_dir)
         else:
-            self.critic.save_pretrained(os.path.join(output_dir, CRITIC_DIR))
-            self.processing_class.save_pretrained(os.path.join(output_dir, CRITIC_DIR))
+            self.critic.save_final(output_dir, self.processing_class)
 
     def _loop_state(self) -> dict:
         return {"kl_controller": self.kl_ctl.state_dict()}
 
     def _load_loop_state(self, state: dict, checkpoint: str) -> None:
-        from safetensors.torch import load_file
-
         self.kl_ctl.load_state_dict(state["kl_controller"])
-        path = os.path.join(checkpoint, CRITIC_STATE)
-        trained = {n for n, p in self.critic.named_parameters() if p.requires_grad}
-        saved = load_file(path) if os.path.exists(path) else {}
-        if set(saved) != trained:
-            wrong = sorted(set(saved) ^ trained) or [path]
-            raise SwiftError(f"--resume_from_checkpoint {checkpoint}: {CRITIC_STATE} does not hold this run's critic "
-                             f"({wrong[0]}); resume with the critic settings it was saved with")
-        self.critic.load_state_dict(saved, strict=False)
+        self.critic.load_checkpoint(checkpoint)
 
     # -- advantages --------------------------------------------------------------------------------
     def _global(self, stats: torch.Tensor) -> torch.Tensor:
@@ -141,8 +102,7 @@ class PPOTrainer(GRPOTrainer):
         for i, batch in enumerate(micro):
             device_batch = self._prepare_inputs(dict(batch))
             mask = device_batch["completion_mask"].float()
-            with torch.no_grad():
-                batch["values"] = token_values(self.critic, device_batch) * mask
+            batch["values"] = self.critic.values(self, device_batch) * mask
             kl = torch.zeros_like(mask)
             if batch.get("ref_logps") is not None:  # on the tokens the policy sampled (not a tool's output)
                 sampled = device_batch["loss_mask"].float() * mask
@@ -197,9 +157,10 @@ class PPOTrainer(GRPOTrainer):
     # -- loss --------------------------------------------------------------------------------------
     def loss_and_metrics(self, model, inputs):
         a = self.rlhf_args
-        policy, info, entropies, metrics = self._policy_objective(model, inputs, beta=0.0)
+        policy, info, entropies, metrics = self._policy_objective(model, inputs, beta=0.0,
+                                                                  with_hidden=self.critic.needs_hidden)
         mask = inputs["loss_mask"]
-        values = token_values(self.critic, inputs)
+        values = self.critic.train_values(inputs, info.get("hidden"))
         critic, value_clipped = value_loss(values, inputs["values"], inputs["returns"], mask,
                                            cliprange_value=a.cliprange_value,
                                            aggregate=LOSS_TYPES.get(a.loss_type[0]).aggregate,

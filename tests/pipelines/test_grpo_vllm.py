@@ -47,11 +47,14 @@ def test_weight_sync_makes_vllm_generate_like_the_trainer():
         engine.close()
 
 
-def test_grpo_trains_with_colocated_vllm(tmp_path):
+@pytest.mark.parametrize("rlhf_type", ["grpo", "ppo"])
+def test_online_rl_trains_with_colocated_vllm(tmp_path, rlhf_type):
+    """GRPO, and PPO on the same loop (its critic beside the policy), sample with colocated vLLM."""
     from swift.pipelines.rlhf import rlhf_main
 
-    result = rlhf_main(["--rlhf_type", "grpo", "--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft#16",
-                        "--reward_funcs", "accuracy", "--num_generations", "4", "--per_device_train_batch_size", "8",
+    group = ["--num_generations", "4"] if rlhf_type == "grpo" else []
+    result = rlhf_main(["--rlhf_type", rlhf_type, "--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft#16",
+                        "--reward_funcs", "accuracy", *group, "--per_device_train_batch_size", "8",
                         "--max_completion_length", "6", "--max_steps", "2", "--logging_steps", "1",
                         "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
                         "--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.2",
@@ -59,3 +62,5 @@ def test_grpo_trains_with_colocated_vllm(tmp_path):
     assert result["global_step"] == 2
     logs = [json.loads(line) for line in open(tmp_path / "logging.jsonl")]
     assert all(r["completions/mean_length"] > 0 for r in logs if "reward" in r)
+    if rlhf_type == "ppo":
+        assert all("loss/value_avg" in r for r in logs if "loss" in r)

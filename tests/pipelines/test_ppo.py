@@ -32,9 +32,10 @@ def read(path):
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("tuner", ["lora", "full"])
-def test_ppo_trains_logs_trl_names_and_saves_its_critic(tmp_path, tuner):
-    result = rlhf_main(ppo_argv(tmp_path, "--tuner_type", tuner, "--num_ppo_epochs", "2"))
+@pytest.mark.parametrize("tuner,backbone", [("lora", "separate"), ("full", "separate"), ("lora", "shared")])
+def test_ppo_trains_logs_trl_names_and_saves_its_critic(tmp_path, tuner, backbone):
+    result = rlhf_main(ppo_argv(tmp_path, "--tuner_type", tuner, "--num_ppo_epochs", "2",
+                                "--critic_backbone", backbone))
     logs = [r for r in read(tmp_path / "logging.jsonl") if "loss" in r]
     assert len(logs) == 4
     for name in TRL_PPO_NAMES:
@@ -42,9 +43,13 @@ def test_ppo_trains_logs_trl_names_and_saves_its_critic(tmp_path, tuner):
     assert all(r["objective/kl_coef"] == 0.05 for r in logs if "objective/kl_coef" in r)
     assert logs[0]["val/ratio"] == pytest.approx(1.0)  # the first update starts at the sampling policy
     assert logs[1]["policy/approxkl_avg"] > 0  # the second pass trains a moved policy on the same rollout
+    assert result["global_step"] == 4
+    if backbone == "shared":  # a value head on the policy: it has learned, and no second model was saved
+        assert not (tmp_path / "critic").exists()
+        assert set(load_file(tmp_path / "value_head.safetensors")) == {"weight", "bias"}
+        return
     critic = tmp_path / "critic"
     assert (critic / ("adapter_model.safetensors" if tuner == "lora" else "model.safetensors")).exists()
-    assert result["global_step"] == 4
 
 
 def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatch):
@@ -82,15 +87,17 @@ def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatc
     assert log["loss"] == pytest.approx(log["loss/policy_avg"] + 0.1 * value, rel=1e-3, abs=1e-5)
 
 
-@pytest.mark.parametrize("tuner,steps", [("full", (2, 3)), ("lora", (3,))])
-def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path, tuner, steps):
+@pytest.mark.parametrize("tuner,steps,backbone", [("full", (2, 3), "separate"), ("lora", (3,), "separate"),
+                                                   ("lora", (3,), "shared")])
+def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path, tuner, steps, backbone):
     """Adaptive KL (its coefficient is part of the checkpoint), two passes per rollout: resumed
     inside a rollout (step 3) and at its boundary (step 2), the run ends with the uninterrupted run's
-    losses, policy, critic and KL coefficient (a LoRA critic: its adapter and head)."""
+    losses, policy, critic and KL coefficient (a LoRA critic: its adapter and head; a shared one:
+    the value head)."""
     def argv(out, *extra):
         return ppo_argv(out, "--tuner_type", tuner, "--max_steps", "4", "--num_ppo_epochs", "2",
                         "--kl_target", "0.01", "--kl_horizon", "50", "--save_strategy", "steps", "--save_steps", "1",
-                        *extra)
+                        "--critic_backbone", backbone, *extra)
 
     rlhf_main(argv(tmp_path / "straight"))
     straight = {r["global_step"]: r for r in read(tmp_path / "straight" / "logging.jsonl") if "loss" in r}
@@ -106,7 +113,7 @@ def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path, tuner, steps):
             for key in ("loss", "loss/value_avg", "objective/kl_coef"):
                 assert (key in r) == (key in straight[s]), (s, key)
                 assert r.get(key) == pytest.approx(straight[s].get(key)), (s, key)
-        for path in (weights, f"critic/{weights}"):
+        for path in (weights, f"critic/{weights}" if backbone == "separate" else "value_head.safetensors"):
             final, resumed_weights = load_file(tmp_path / "straight" / path), load_file(out / path)
             for name, tensor in final.items():
                 torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=1e-6, msg=f"{path} {name}")
@@ -132,6 +139,8 @@ def test_critic_from_a_reward_model_directory(tmp_path):
     (["--rlhf_type", "ppo", "--kl_coef", "0.1", "--beta", "0.2"], "--kl_coef 0.1 and --beta 0.2"),
     (["--rlhf_type", "ppo", "--deepspeed", "zero2"], "not in this version yet"),
     (["--rlhf_type", "grpo", "--critic_model", "x"], "--critic_model applies to --rlhf_type ppo"),
+    (["--rlhf_type", "ppo", "--critic_backbone", "shared", "--critic_model", "x"], "give one"),
+    (["--rlhf_type", "ppo", "--critic_backbone", "policy"], "--critic_backbone must be separate or shared"),
     (["--rlhf_type", "ppo", "--remote_rm_url", "ftp://x"], "must be an http(s) URL or a .py file"),
     (["--rlhf_type", "grpo", "--algo.advantage.gamma", "0.9"], "--gamma applies to --rlhf_type ppo"),
     (["--rlhf_type", "ppo", "--kl_target", "1", "--beta", "0"], "--kl_target adapts the KL coefficient"),
@@ -184,21 +193,36 @@ def test_openrlhf_names_map_onto_ours():
         (0.01, 2, 0.1, 1, "k1", ["dapo"])
 
 
-def test_policy_and_critic_updates_do_not_depend_on_gradient_accumulation(tmp_path):
+@pytest.mark.parametrize("backbone", ["separate", "shared"])
+def test_policy_and_critic_updates_do_not_depend_on_gradient_accumulation(tmp_path, backbone):
     """One rollout of 8 prompts, trained as 1 micro-batch of 8 or 2 of 4 (one optimizer step, plain
     SGD at learning rate 1: the weight change is the accumulated gradient): the same loss, policy
     and critic. The critic's gradients are accumulated and clipped outside the HF loop, so this
-    checks that code too."""
+    checks that code too; a shared critic's value loss also moves the policy's weights."""
     from tests.pipelines.test_grad_accum import one_step
 
     extra = [*TEXT_LENGTH, "--max_completion_length", "6", "--temperature", "1.0", "--num_ppo_epochs", "1",
-             "--max_grad_norm", "0.5"]
+             "--max_grad_norm", "0.5", "--critic_backbone", backbone]
     loss1, policy1 = one_step(tmp_path / "ga1", "ppo", 8, 1, *extra)
     loss2, policy2 = one_step(tmp_path / "ga2", "ppo", 4, 2, *extra)
     assert loss2 == pytest.approx(loss1, rel=1e-4, abs=1e-5)
     for name in policy1:
         torch.testing.assert_close(policy2[name], policy1[name], rtol=1e-5, atol=1e-5, msg=name)
-    critic1 = load_file(tmp_path / "ga1" / "critic" / "model.safetensors")
-    critic2 = load_file(tmp_path / "ga2" / "critic" / "model.safetensors")
+    saved = "critic/model.safetensors" if backbone == "separate" else "value_head.safetensors"
+    critic1, critic2 = load_file(tmp_path / "ga1" / saved), load_file(tmp_path / "ga2" / saved)
     for name in critic1:
         torch.testing.assert_close(critic2[name], critic1[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("backbone", ["separate", "shared"])
+def test_only_a_shared_critics_value_loss_moves_the_policy(tmp_path, backbone):
+    """The same step with --vf_coef 0 and 1: a separate critic's value loss leaves the policy's
+    weights as they were; a shared one's trains them through the value head."""
+    from tests.pipelines.test_grad_accum import one_step
+
+    extra = [*TEXT_LENGTH, "--max_completion_length", "6", "--temperature", "1.0", "--num_ppo_epochs", "1",
+             "--critic_backbone", backbone]
+    _, without = one_step(tmp_path / "vf0", "ppo", 8, 1, *extra, "--vf_coef", "0")
+    _, with_value = one_step(tmp_path / "vf1", "ppo", 8, 1, *extra, "--vf_coef", "1")
+    moved = [name for name in without if not torch.equal(without[name], with_value[name])]
+    assert bool(moved) == (backbone == "shared"), moved

@@ -108,3 +108,38 @@ def test_a_completion_without_tokens_gets_no_score():
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
     rewards = token_rewards(torch.tensor([1.0, 5.0]), torch.zeros(2, 2), mask, kl_coef=0.1)
     assert rewards.tolist() == [[0.0, 1.0], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("layer", ["plain", "caught"])
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_shared_value_head_reads_the_policys_last_hidden_states(tiny, monkeypatch, layer, group):
+    """`--critic_backbone shared` takes its input from the loss's own forward: with a plain output
+    layer (hidden states returned; each group's prompt run once) or any other (caught on its way
+    into the output layer), the states equal transformers' last hidden states at the positions that
+    predict each completion token, and the log-probs are unchanged."""
+    from transformers import AutoModelForCausalLM
+
+    import swift.trainers.completion_logps as completion_logps
+
+    model = AutoModelForCausalLM.from_config(tiny[0].config).eval()
+    if layer == "caught":
+        monkeypatch.setattr(completion_logps, "plain_head", lambda m: None)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 2000, (2, 5), generator=g).repeat_interleave(3, 0)
+    prompt_mask = torch.ones_like(prompt)
+    prompt_mask[:3, :2] = 0  # left padding
+    completion = torch.randint(3, 2000, (6, 4), generator=g)
+    completion_mask = torch.ones_like(completion)
+    completion_mask[1, 2:] = 0  # right padding
+    batch = {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
+             "completion_mask": completion_mask}
+    with torch.no_grad():
+        logps, _, hidden = completion_logps.token_logps(model, batch, 1.0, False, group, with_hidden=True)
+        plain_logps, _ = completion_logps.token_logps(model, batch, 1.0, False, 1)
+        ids, mask = torch.cat([prompt, completion], 1), torch.cat([prompt_mask, completion_mask], 1)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                    output_hidden_states=True)
+    expected = out.hidden_states[-1][:, 4:8]
+    real = completion_mask.bool()
+    torch.testing.assert_close(hidden[real], expected[real], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logps[real], plain_logps[real], rtol=1e-4, atol=1e-4)

@@ -170,18 +170,18 @@ def test_grpo_server_mode_matches_colocate(server, tmp_path):
     assert loss_s == pytest.approx(loss_c, rel=1e-3, abs=1e-6)
 
 
+def ppo_server_argv(out, port, *extra):
+    return train_argv(out, "--rlhf_type", "ppo", "--dataset", "builtin:arith-sft#64", "--reward_funcs",
+                      "tests.rollout.test_server:digit_reward", "--per_device_train_batch_size", "8",
+                      "--max_completion_length", "8", "--temperature", "0", "--learning_rate", "5e-3",
+                      "--num_ppo_epochs", "1", "--max_steps", "4", "--vllm_server_port", str(port), *extra)
+
+
 def test_ppo_server_mode_matches_colocate(server, tmp_path):
     """PPO on the same loop: its greedy rollouts come from the server after each weight sync, and its
     rewards and losses (policy and critic) equal colocate mode's."""
-    def argv(out, *extra):
-        return train_argv(out, "--rlhf_type", "ppo", "--dataset", "builtin:arith-sft#64", "--reward_funcs",
-                          "tests.rollout.test_server:digit_reward", "--per_device_train_batch_size", "8",
-                          "--max_completion_length", "8", "--temperature", "0", "--learning_rate", "5e-3",
-                          "--num_ppo_epochs", "1", "--max_steps", "4", "--vllm_server_port", str(port_of(server)),
-                          *extra)
-
-    rlhf_main(argv(tmp_path / "colocate"))
-    rlhf_main(argv(tmp_path / "server", "--rollout_mode", "server"))
+    rlhf_main(ppo_server_argv(tmp_path / "colocate", port_of(server)))
+    rlhf_main(ppo_server_argv(tmp_path / "server", port_of(server), "--rollout_mode", "server"))
     rewards_c, loss_c = curves(tmp_path / "colocate")
     rewards_s, loss_s = curves(tmp_path / "server")
     assert len(rewards_c) == 4 and len({round(r, 6) for r in rewards_c}) > 1
@@ -189,9 +189,13 @@ def test_ppo_server_mode_matches_colocate(server, tmp_path):
     assert loss_s == pytest.approx(loss_c, rel=1e-3, abs=1e-6)
 
 
-def test_async_generate_logs_importance_sampling(server, tmp_path):
-    rlhf_main(grpo_server_argv(tmp_path, port_of(server), "--max_steps", "4", "--rollout_mode", "server",
-                               "--async_generate", "true", "--temperature", "1.0"))
+@pytest.mark.parametrize("rlhf_type", ["grpo", "ppo"])
+def test_async_generate_logs_importance_sampling(server, tmp_path, rlhf_type):
+    """Each rollout is sampled while the previous batch trains: the samples are one update behind,
+    and the importance-sampling correction shows it (PPO: on the same loop, with its critic)."""
+    argv = grpo_server_argv if rlhf_type == "grpo" else ppo_server_argv
+    rlhf_main(argv(tmp_path, port_of(server), "--max_steps", "4", "--rollout_mode", "server",
+                   "--async_generate", "true", "--temperature", "1.0"))
     with open(tmp_path / "logging.jsonl") as f:
         rows = [json.loads(line) for line in f if '"loss"' in line]
     assert len(rows) == 4
@@ -201,6 +205,8 @@ def test_async_generate_logs_importance_sampling(server, tmp_path):
     later = rows[1:]
     assert max(r["sampling/importance_sampling_ratio/max"] for r in later) > 1.0
     assert all(r["sampling/importance_sampling_ratio/min"] > 0 for r in rows)
+    if rlhf_type == "ppo":
+        assert all("loss/value_avg" in r for r in rows)
 
 
 def test_server_killed_mid_training_then_resume(tmp_path):
