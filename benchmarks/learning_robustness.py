@@ -1,7 +1,7 @@
 """The learning checks over seeds and CPU kernel settings: does each recipe hold with margin?
 
     python benchmarks/learning_robustness.py [--seeds 1 2 3 4 5] [--rl_seeds 1 2 3]
-        [--settings default avx2 compatible] [--checks quickstart dpo rm grpo ppo ppo_rm] [--out DIR]
+        [--settings default avx2 compatible] [--checks quickstart dpo rm grpo ppo ppo_shared ppo_rm] [--out DIR]
 
 For every kernel setting and seed it runs `examples/quickstart.sh` (SEED=<seed>) and reads its
 held-out exact match; for the first `--rl_seeds` it then runs the DPO, reward-model and GRPO
@@ -37,7 +37,7 @@ SETTINGS = {
 }
 # the bars: (what the tests assert on one seed, what must hold over the grid)
 BARS = {"quickstart": "median ≥ 0.85, worst ≥ 0.70", "dpo": "worst ≥ 0.90", "rm": "worst ≥ 0.90",
-        "grpo": "each ≥ +0.10", "ppo": "each ≥ +0.10", "ppo_rm": "each ≥ +0.10"}
+        "grpo": "each ≥ +0.10", "ppo": "each ≥ +0.10", "ppo_shared": "each ≥ +0.10", "ppo_rm": "each ≥ +0.10"}
 
 
 def run_check(check: str, qs: str, out: str, seed: int, env: dict) -> float:

@@ -12,7 +12,8 @@ the policy and of a critic that is a copy of it with a one-label value head, 8 p
 completion each) × 64 completion tokens, fp32, no gradient checkpointing, a frozen reference (β 0.05,
 k1 KL in the reward), one optimizer step per rollout (`--num_ppo_epochs 1 --num_mini_batches 1`),
 the same reward function. Time runs from the end of the last warm-up step to the end of the last
-step; the two take turns `--repeats` times and the medians are reported.
+step; the two take turns `--repeats` times and the medians are reported. A third row times swift with
+`--critic_backbone shared` (a value head on the policy: no second model), against the same baseline.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def digit_reward(completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
-def run_swift(model_dir: str, a) -> float:
+def run_swift(model_dir: str, a, critic_backbone: str = "separate") -> float:
     timer = StepTimer(a.warmup)
     shared = trainer_settings(max_steps=a.warmup + a.steps, per_device_train_batch_size=PROMPTS, learning_rate=LR)
     with tempfile.TemporaryDirectory() as out:
@@ -50,7 +51,8 @@ def run_swift(model_dir: str, a) -> float:
                              dataset=[f"builtin:arith-sft#{PROMPTS * (a.warmup + a.steps)}"],
                              dataset_shuffle=False, reward_funcs=["benchmarks.ppo_throughput:digit_reward"],
                              max_completion_length=TOKENS, temperature=1.0, top_p=1.0, top_k=0, beta=BETA,
-                             num_ppo_epochs=1, num_mini_batches=1, log_completions=False, **PPO)
+                             num_ppo_epochs=1, num_mini_batches=1, log_completions=False,
+                             critic_backbone=critic_backbone, **PPO)
         pipeline = RLHFPipeline(args)
         add_callback(pipeline, timer)
         pipeline.run()
@@ -138,7 +140,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs per side, taken in turns; medians reported")
     a = p.parse_args()
     runs = take_turns({"bare PyTorch PPO loop": lambda d: run_plain(d, a),
-                       "swift rlhf --rlhf_type ppo": lambda d: run_swift(d, a)}, a.repeats)
+                       "swift rlhf --rlhf_type ppo": lambda d: run_swift(d, a),
+                       "swift, --critic_backbone shared": lambda d: run_swift(d, a, "shared")}, a.repeats)
     base = statistics.median(runs["bare PyTorch PPO loop"])
     print(f"\nmodel builtin:tiny-chat (saved as a local directory), {PROMPTS} prompts x 1 completion, {TOKENS} "
           f"tokens, {a.warmup} warm-up + {a.steps} timed steps, median of {a.repeats} runs each")

@@ -3,6 +3,7 @@ examples/) against our parser: each line of a command this version has either pa
 with one line — an ms-swift flag or value refused with its reason — never "unknown flag" and never
 a traceback; and each pt/sft/rlhf/infer line, with the hub pieces swapped for local ones, runs to
 completion on the built-in model or stops with one line."""
+import json
 import os
 import re
 import shlex
@@ -105,25 +106,26 @@ def test_at_least_40_lines_are_run():
     assert len(RUN) >= 40
 
 
-def run_line(command: str, argv: list[str], out) -> subprocess.CompletedProcess:
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k not in ("NPROC_PER_NODE", "NNODES")}
-    return subprocess.run([sys.executable, "-m", "swift", command, *on_this_machine(command, argv, out)],
-                          capture_output=True, text=True, timeout=600, input="", env={**env, "OMP_NUM_THREADS": "1"})
-
-
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     """Every line of RUN, each in its own `swift` process with one thread, two at a time (the lines
-    are independent; each process mostly imports and builds a tiny model, so two fill two cores):
-    {index: (completed process, its output dir)}."""
-    from concurrent.futures import ThreadPoolExecutor
+    are independent; each process mostly builds a tiny model and trains a step, so two fill two
+    cores). The processes are forked from one that has imported the pipelines (`fork_runner.py`), so
+    each line does not pay the imports again: {index: (its process's result, its output dir)}."""
+    import sys
+    from types import SimpleNamespace
 
     outs = [tmp_path_factory.mktemp("replay") for _ in RUN]
-    with ThreadPoolExecutor(2) as pool:
-        procs = list(pool.map(lambda i: run_line(RUN[i][1], RUN[i][2], outs[i]), range(len(RUN))))
-    return {i: (proc, out) for i, (proc, out) in enumerate(zip(procs, outs))}
+    logs = [tmp_path_factory.mktemp("replay-logs") for _ in RUN]
+    spec = tmp_path_factory.mktemp("replay-jobs") / "jobs.json"
+    spec.write_text(json.dumps({"jobs": 2, "dirs": [str(d) for d in logs],
+                                "lines": [[command, *on_this_machine(command, argv, out)]
+                                          for (_, command, argv), out in zip(RUN, outs)]}))
+    env = {k: v for k, v in os.environ.items() if k not in ("NPROC_PER_NODE", "NNODES")}
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "fork_runner.py"), str(spec)],
+                   check=True, timeout=1800, env={**env, "OMP_NUM_THREADS": "1"})
+    results = json.loads(open(f"{spec}.out").read())
+    return {i: (SimpleNamespace(**r), out) for i, (r, out) in enumerate(zip(results, outs))}
 
 
 @pytest.mark.parametrize("index", range(len(RUN)), ids=[source for source, _, _ in RUN])

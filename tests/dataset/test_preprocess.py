@@ -1,5 +1,3 @@
-import json
-
 import pytest
 
 from swift.dataset.preprocess import standardize

@@ -320,9 +320,9 @@ def test_soak_1000_requests_with_walkaways(deploy_server):
 def test_a_rollout_request_past_its_timeout_leaves_the_server_working():
     """A /generate/ that outlives --request_timeout gets 504; the worker finishes it and drops the
     result, and the server then answers again (the late result must not break its bookkeeping)."""
-    base, proc = start("rollout", "--model", "builtin:tiny-chat", "--request_timeout", "2", health="/health/")
-    try:
-        heavy = requests.post(base + "/generate/", json={"prompts": [f"{i}+{i}=" for i in range(8)], "n": 16,
+    base, proc = start("rollout", "--model", "builtin:tiny-chat", "--request_timeout", "1", health="/health/")
+    try:  # 16 rows of 480 tokens: many seconds of decoding on any CPU
+        heavy = requests.post(base + "/generate/", json={"prompts": [f"{i}+{i}=" for i in range(8)], "n": 2,
                                                           "max_tokens": 480, "temperature": 1.0}, timeout=60)
         assert heavy.status_code == 504 and heavy.json()["error"]["code"] == "timeout"
         deadline = time.time() + 240

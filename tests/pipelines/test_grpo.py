@@ -1,6 +1,5 @@
 """`swift rlhf --rlhf_type grpo` end to end on the built-in tiny model."""
 import json
-import os
 import subprocess
 import sys
 import textwrap

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from swift.dataset.loader import load_rows
-from swift.model import load_model
 from swift.pipelines.rlhf import SequenceCollator, encode_pair, rlhf_main
 from swift.template import IGNORE_INDEX, get_template
 from swift.utils.registry import SwiftError

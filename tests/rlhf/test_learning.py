@@ -85,6 +85,12 @@ def ppo_figure(qs: str, out: str, seed: int = DEFAULT_SEED) -> float:
     return _ppo_gain(qs, out, seed, "--reward_funcs", "accuracy")
 
 
+def ppo_shared_figure(qs: str, out: str, seed: int = DEFAULT_SEED) -> float:
+    """`ppo_figure` with `--critic_backbone shared`: the value head sits on the policy's own LoRA-tuned
+    last hidden state instead of a second model."""
+    return _ppo_gain(qs, out, seed, "--reward_funcs", "accuracy", "--critic_backbone", "shared")
+
+
 def ppo_rm_figure(qs: str, out: str, seed: int = DEFAULT_SEED, rm: str | None = None) -> float:
     """The same gain when the only reward is a reward model trained by `rm_figure`'s recipe from the
     same sft model (the accuracy function is computed with weight 0, for the held-out figure). A KL

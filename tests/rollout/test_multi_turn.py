@@ -3,8 +3,6 @@ scheduler plugin, and an OpenRLHF AgentInstance."""
 import textwrap
 from dataclasses import replace
 
-import pytest
-
 from swift.infer.protocol import Choice, InferEngine, InferRequest, InferResponse, RequestConfig, per_request
 from swift.rollout.multi_turn import RolloutInferRequest, build_scheduler
 from swift.rollout.runner import rollout
