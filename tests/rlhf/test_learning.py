@@ -1,8 +1,9 @@
 """Learning checks of the later stages, starting from the quickstart's sft model: DPO must reach at
 least 90% held-out preference accuracy on `builtin:arith-dpo` (its implicit reward ranks the true sum
 above a wrong one), a reward model at least 90% held-out pairwise accuracy, and GRPO must raise
-held-out accuracy by at least 10 points, and PPO (with the accuracy reward, and with a reward model
-trained by `--rlhf_type rm` from the same sft model) likewise.
+held-out accuracy by at least 10 points, and PPO (with the accuracy reward and a critic sharing the
+policy's backbone, and with a reward model trained by `--rlhf_type rm` from the same sft model and a
+separate critic) likewise.
 
 The `*_figure` functions are the recipes; `benchmarks/learning_robustness.py` runs the same ones over
 seeds and CPU kernel settings, and docs quote its min / median / max."""
@@ -120,8 +121,10 @@ def test_grpo_raises_eval_accuracy_by_10_points(quickstart, tmp_path):
     assert grpo_figure(quickstart[1], tmp_path) >= 0.10
 
 
-def test_ppo_raises_eval_accuracy_by_10_points(quickstart, tmp_path):
-    assert ppo_figure(quickstart[1], tmp_path) >= 0.10
+def test_ppo_with_a_shared_critic_raises_eval_accuracy_by_10_points(quickstart, tmp_path):
+    # the separate critic's check is the reward-model one below (`ppo_figure`, the same recipe with a
+    # separate critic, held +0.39..+0.42 over seeds and kernels: docs/benchmarks.md)
+    assert ppo_shared_figure(quickstart[1], tmp_path) >= 0.10
 
 
 def test_ppo_with_a_trained_reward_model_raises_eval_accuracy_by_10_points(quickstart, reward_model, tmp_path):
