@@ -261,13 +261,13 @@ class RLHFPipeline(TrainPipeline):
         --tuner_type; or `shared`, a value head on the policy's last hidden state."""
         from peft import PeftModel
 
-        from swift.trainers.critic import CRITICS
+        from swift.trainers.critic import SeparateCritic, SharedCritic
         from swift.tuners import prepare_model
 
         a = self.args
         device = a.training_args.device
         if a.critic_backbone == "shared":
-            return CRITICS.get("shared")(model.config.get_text_config().hidden_size, device)
+            return SharedCritic(model.config.get_text_config().hidden_size, device)
         critic = load_model(a.critic_model or a.model, use_hf=a.use_hf,
                             revision=None if a.critic_model else a.model_revision, torch_dtype=a.torch_dtype,
                             attn_impl=a.attn_impl, task_type="token_cls", num_labels=1, check_model=a.check_model)[0]
@@ -275,7 +275,7 @@ class RLHFPipeline(TrainPipeline):
             for path in a.adapters:
                 critic = PeftModel.from_pretrained(critic, path).merge_and_unload()
         critic = prepare_model(critic, dataclasses.replace(a.tuner_args, adapters=[]), task_type="token_cls")
-        return CRITICS.get("separate")(critic, device, a.disable_dropout)
+        return SeparateCritic(critic, device, a.disable_dropout)
 
     def _engine_factory(self):
         a = self.args

@@ -11,7 +11,7 @@ from swift.rlhf.logps import causal_lm, head_logps, hidden_states_out, plain_hea
 
 
 def token_logps(model, batch: dict, temperature: float = 1.0, with_entropy: bool = True,
-                group_size: int = 1, with_hidden: bool = False):
+                group_size: int = 1, with_hidden: bool = False) -> tuple[torch.Tensor, ...]:
     """Per-token log-probs and entropies ([B, Lc]) of the completion tokens under the sampling
     distribution (logits / temperature), from left-padded prompts and right-padded completions.
     `group_size` n > 1: rows come in groups of n with the same prompt, which is then run once per

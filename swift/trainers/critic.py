@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from swift.trainers.completion_logps import token_values
 from swift.trainers.rlhf import disable_dropout
-from swift.utils.registry import Registry, SwiftError
+from swift.utils.registry import SwiftError
 
 CRITIC_DIR = "critic"  # a separate critic at the end of training
 VALUE_HEAD = "value_head.safetensors"  # a shared critic's head at the end of training
@@ -30,18 +30,15 @@ class Critic(abc.ABC):
     module: torch.nn.Module  # what holds the critic's own parameters
 
     @abc.abstractmethod
-    def values(self, trainer, batch: dict) -> torch.Tensor:
-        """Values of a rollout batch, without gradients."""
-
-    @abc.abstractmethod
-    def train_values(self, batch: dict, hidden: torch.Tensor | None) -> torch.Tensor:
-        """Values with gradients; `hidden`: the policy's last hidden states from the loss's forward."""
+    def values(self, batch: dict, hidden: torch.Tensor | None) -> torch.Tensor:
+        """Values [B, Lc] (with gradients where the caller has them on); `hidden`: the last hidden
+        states of the policy forward that gave the batch's log-probs, for a critic that needs them."""
 
     @abc.abstractmethod
     def save_final(self, output_dir: str, tokenizer) -> None:
         """The trained critic at the end of training."""
 
-    needs_hidden = False  # whether train_values takes the policy forward's hidden states
+    needs_hidden = False  # whether values() reads the policy forward's hidden states
 
     def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
@@ -97,11 +94,7 @@ class SeparateCritic(Critic):
             disable_dropout(self.module)
         self.module.train()
 
-    def values(self, trainer, batch):
-        with torch.no_grad():
-            return token_values(self.module, batch)
-
-    def train_values(self, batch, hidden=None):
+    def values(self, batch, hidden=None):
         return token_values(self.module, batch)
 
     def save_final(self, output_dir, tokenizer):
@@ -119,12 +112,7 @@ class SharedCritic(Critic):
         torch.nn.init.normal_(self.module.weight, std=1 / (hidden_size + 1))
         torch.nn.init.zeros_(self.module.bias)
 
-    def values(self, trainer, batch):
-        with torch.no_grad():
-            _, _, hidden = trainer._token_logps(trainer.model, batch, with_hidden=True)
-            return self.train_values(batch, hidden)
-
-    def train_values(self, batch, hidden):
+    def values(self, batch, hidden):
         return self.module(hidden.float()).squeeze(-1)
 
     def save_final(self, output_dir, tokenizer):
@@ -133,7 +121,3 @@ class SharedCritic(Critic):
         save_file({n: p.detach().contiguous() for n, p in self.module.named_parameters()},
                   os.path.join(output_dir, VALUE_HEAD))
 
-
-CRITICS = Registry("critic backbone")
-CRITICS.register("separate")(SeparateCritic)
-CRITICS.register("shared")(SharedCritic)

@@ -289,11 +289,15 @@ class GRPOTrainer(RLHFTrainer):
             with torch.no_grad():
                 device_batch = self._prepare_inputs(dict(batch))
                 if stale:
-                    batch["old_logps"] = self._token_logps(self.model, device_batch)[0].detach()
+                    self._sampling_forward(batch, device_batch)
                 if a.beta:
                     batch["ref_logps"] = self._reference_logps(device_batch).detach()
             micro.append(batch)
         return micro
+
+    def _sampling_forward(self, batch: dict, device_batch: dict) -> None:
+        """The log-probs the completions have under the weights that sampled them."""
+        batch["old_logps"] = self._token_logps(self.model, device_batch)[0].detach()
 
     def _score_steps(self, trajectories: list[Trajectory]):
         """Each completion's steps and their process rewards (None without --prm_model)."""

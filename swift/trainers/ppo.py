@@ -81,6 +81,14 @@ class PPOTrainer(GRPOTrainer):
         self.critic.load_checkpoint(checkpoint)
 
     # -- advantages --------------------------------------------------------------------------------
+    def _sampling_forward(self, batch: dict, device_batch: dict) -> None:
+        """The log-probs at sampling and the critic's values (a shared critic reads them off the same
+        forward's hidden states)."""
+        logps, _, *hidden = self._token_logps(self.model, device_batch, with_hidden=self.critic.needs_hidden)
+        batch["old_logps"] = logps.detach()
+        batch["values"] = self.critic.values(device_batch, hidden[0] if hidden else None).detach()
+
+
     def _global(self, stats: torch.Tensor) -> torch.Tensor:
         if self.accelerator.num_processes > 1:
             stats = self.accelerator.reduce(stats.to(self.args.device), reduction="sum")
@@ -102,7 +110,7 @@ class PPOTrainer(GRPOTrainer):
         for i, batch in enumerate(micro):
             device_batch = self._prepare_inputs(dict(batch))
             mask = device_batch["completion_mask"].float()
-            batch["values"] = self.critic.values(self, device_batch) * mask
+            batch["values"] = batch["values"] * mask
             kl = torch.zeros_like(mask)
             if batch.get("ref_logps") is not None:  # on the tokens the policy sampled (not a tool's output)
                 sampled = device_batch["loss_mask"].float() * mask
@@ -160,7 +168,7 @@ class PPOTrainer(GRPOTrainer):
         policy, info, entropies, metrics = self._policy_objective(model, inputs, beta=0.0,
                                                                   with_hidden=self.critic.needs_hidden)
         mask = inputs["loss_mask"]
-        values = self.critic.train_values(inputs, info.get("hidden"))
+        values = self.critic.values(inputs, info.get("hidden"))
         critic, value_clipped = value_loss(values, inputs["values"], inputs["returns"], mask,
                                            cliprange_value=a.cliprange_value,
                                            aggregate=LOSS_TYPES.get(a.loss_type[0]).aggregate,

@@ -1,7 +1,8 @@
 """Run many `swift <command> ...` lines as separate processes without paying the imports each time:
-this process imports the pipelines once (one thread, before torch starts any) and forks a child
-per line, `--jobs` at a time. A child is a fresh `swift` process in all that matters here: its own
-argv, working state, stdin from /dev/null, stdout and stderr in files, its own exit status.
+this process imports the pipelines once (before torch has run anything, so no kernel thread pool
+exists yet) and forks a child per line, "jobs" at a time. A child is a fresh `swift` process in all
+that matters here: its own argv, working state, stdin from /dev/null, stdout and stderr in files,
+its own exit status, a normal interpreter exit.
 
     python tests/cli/fork_runner.py JOBS.json  ->  writes JOBS.json.out: [{"returncode", "stdout", "stderr"}]
 
@@ -9,17 +10,21 @@ JOBS.json: {"jobs": 2, "lines": [[command, argv...], ...], "dirs": [log dir per 
 import importlib
 import json
 import os
+import signal
 import sys
 
 
 def child(line: list[str], logs: str) -> None:
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        os.dup2(os.open(os.path.join(logs, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-    sys.argv = ["swift", *line]
+    """Run one line in this forked process and end it as `python -m swift` ends: a normal interpreter
+    exit (atexit handlers run, threads are joined), killed by SIGALRM after 600 s."""
     code = 1
     try:
+        signal.alarm(600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            os.dup2(os.open(os.path.join(logs, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        sys.argv = ["swift", *line]
         from swift.cli.main import main
 
         main(line)
@@ -30,10 +35,7 @@ def child(line: list[str], logs: str) -> None:
         import traceback
 
         traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    sys.exit(code)  # unwinds out of the parent's loop below and ends this process
 
 
 def main() -> None:

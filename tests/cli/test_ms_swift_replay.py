@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 
 import pytest
@@ -122,8 +123,13 @@ def replayed(tmp_path_factory):
                                 "lines": [[command, *on_this_machine(command, argv, out)]
                                           for (_, command, argv), out in zip(RUN, outs)]}))
     env = {k: v for k, v in os.environ.items() if k not in ("NPROC_PER_NODE", "NNODES")}
-    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "fork_runner.py"), str(spec)],
-                   check=True, timeout=1800, env={**env, "OMP_NUM_THREADS": "1"})
+    runner = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "fork_runner.py"), str(spec)],
+                              env={**env, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        assert runner.wait(timeout=1800) == 0
+    finally:
+        if runner.poll() is None:  # the runner and every line it forked
+            os.killpg(runner.pid, signal.SIGKILL)
     results = json.loads(open(f"{spec}.out").read())
     return {i: (SimpleNamespace(**r), out) for i, (r, out) in enumerate(zip(results, outs))}
 

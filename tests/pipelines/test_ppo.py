@@ -27,6 +27,15 @@ def ppo_argv(out, *extra):
                       "--learning_rate", "1e-3", *extra)
 
 
+def caught_output_layer(monkeypatch, backbone: str) -> str:
+    """"shared-caught": the shared critic on a model whose output layer is not a plain one, so its
+    hidden states are caught on their way into that layer (the built-in model's is plain)."""
+    if backbone == "shared-caught":
+        monkeypatch.setattr("swift.rlhf.logps.PLAIN_HEAD_MODEL_TYPES", set())
+        return "shared"
+    return backbone
+
+
 def read(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
@@ -44,7 +53,7 @@ def test_ppo_trains_logs_trl_names_and_saves_its_critic(tmp_path, tuner, backbon
     assert logs[0]["val/ratio"] == pytest.approx(1.0)  # the first update starts at the sampling policy
     assert logs[1]["policy/approxkl_avg"] > 0  # the second pass trains a moved policy on the same rollout
     assert result["global_step"] == 4
-    if backbone == "shared":  # a value head on the policy: it has learned, and no second model was saved
+    if backbone == "shared":  # a value head on the policy, saved on its own: no second model
         assert not (tmp_path / "critic").exists()
         assert set(load_file(tmp_path / "value_head.safetensors")) == {"weight", "bias"}
         return
@@ -52,7 +61,8 @@ def test_ppo_trains_logs_trl_names_and_saves_its_critic(tmp_path, tuner, backbon
     assert (critic / ("adapter_model.safetensors" if tuner == "lora" else "model.safetensors")).exists()
 
 
-def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backbone", ["separate", "shared"])
+def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatch, backbone):
     """What the trainer computes on its own rollout: per-token rewards (score on the last token, −β k1
     KL on each), GAE, whitening over the batch's loss tokens, and the first step's value loss (the
     critic has not moved: ½ mean (V − R)²) and policy loss (ratio 1: −mean A)."""
@@ -66,7 +76,7 @@ def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatc
 
     monkeypatch.setattr(PPOTrainer, "_assign_advantages", spy)
     rlhf_main(ppo_argv(tmp_path, "--tuner_type", "full", "--max_steps", "1", "--num_ppo_epochs", "1",
-                       "--kl_coef", "0.2", "--lam", "0.9", "--gamma", "0.95"))
+                       "--kl_coef", "0.2", "--lam", "0.9", "--gamma", "0.95", "--critic_backbone", backbone))
     (micro,), rewards, beta = seen[0]
     mask = micro["completion_mask"].float()
     kl = (micro["old_logps"] - micro["ref_logps"]) * mask * micro["loss_mask"]
@@ -193,14 +203,15 @@ def test_openrlhf_names_map_onto_ours():
         (0.01, 2, 0.1, 1, "k1", ["dapo"])
 
 
-@pytest.mark.parametrize("backbone", ["separate", "shared"])
-def test_policy_and_critic_updates_do_not_depend_on_gradient_accumulation(tmp_path, backbone):
+@pytest.mark.parametrize("backbone", ["separate", "shared", "shared-caught"])
+def test_policy_and_critic_updates_do_not_depend_on_gradient_accumulation(tmp_path, monkeypatch, backbone):
     """One rollout of 8 prompts, trained as 1 micro-batch of 8 or 2 of 4 (one optimizer step, plain
     SGD at learning rate 1: the weight change is the accumulated gradient): the same loss, policy
     and critic. The critic's gradients are accumulated and clipped outside the HF loop, so this
     checks that code too; a shared critic's value loss also moves the policy's weights."""
     from tests.pipelines.test_grad_accum import one_step
 
+    backbone = caught_output_layer(monkeypatch, backbone)
     extra = [*TEXT_LENGTH, "--max_completion_length", "6", "--temperature", "1.0", "--num_ppo_epochs", "1",
              "--max_grad_norm", "0.5", "--critic_backbone", backbone]
     loss1, policy1 = one_step(tmp_path / "ga1", "ppo", 8, 1, *extra)
@@ -214,12 +225,13 @@ def test_policy_and_critic_updates_do_not_depend_on_gradient_accumulation(tmp_pa
         torch.testing.assert_close(critic2[name], critic1[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("backbone", ["separate", "shared"])
-def test_only_a_shared_critics_value_loss_moves_the_policy(tmp_path, backbone):
+@pytest.mark.parametrize("backbone", ["separate", "shared", "shared-caught"])
+def test_only_a_shared_critics_value_loss_moves_the_policy(tmp_path, monkeypatch, backbone):
     """The same step with --vf_coef 0 and 1: a separate critic's value loss leaves the policy's
     weights as they were; a shared one's trains them through the value head."""
     from tests.pipelines.test_grad_accum import one_step
 
+    backbone = caught_output_layer(monkeypatch, backbone)
     extra = [*TEXT_LENGTH, "--max_completion_length", "6", "--temperature", "1.0", "--num_ppo_epochs", "1",
              "--critic_backbone", backbone]
     _, without = one_step(tmp_path / "vf0", "ppo", 8, 1, *extra, "--vf_coef", "0")
