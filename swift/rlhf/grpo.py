@@ -224,3 +224,26 @@ ALGORITHMS.register("grpo", Algorithm(
     defaults={"beta": 0.04, "loss_type": ["grpo"], "kl_estimator": "k3", "num_generations": 8,
               "advantage_estimator": "grpo", "num_iterations": 1, "epsilon": 0.2},
     loss_types=LOSS_TYPES))
+
+
+def rollout_importance_weights(old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, mode: str,
+                               threshold: float):
+    """Per-token weights π_old/π_sampler for tokens sampled by older weights (or another engine; NaN
+    in `sampling` where unknown), truncated (`token_truncate`) or masked (`token_mask`) at the
+    threshold, or none; and their metrics (TRL's names)."""
+    known = ~sampling.isnan() & (mask > 0)
+    diff = torch.where(known, old.detach() - sampling.nan_to_num(0.0), torch.zeros_like(old))
+    ratio = diff.exp()
+    metrics = {}
+    if known.any():
+        r, d = ratio[known], diff[known].abs()
+        metrics = {"sampling/sampling_logp_difference/mean": d.mean().item(),
+                   "sampling/sampling_logp_difference/max": d.max().item(),
+                   "sampling/importance_sampling_ratio/min": r.min().item(),
+                   "sampling/importance_sampling_ratio/mean": r.mean().item(),
+                   "sampling/importance_sampling_ratio/max": r.max().item()}
+    if mode == "token_truncate":
+        return ratio.clamp(max=threshold), metrics
+    if mode == "token_mask":
+        return torch.where(ratio <= threshold, ratio, torch.zeros_like(ratio)), metrics
+    return None, metrics

@@ -1,5 +1,6 @@
 """Per-token log-probs and entropies of sampled completions (the GRPO loss's inputs), with each
-group's shared prompt run once and, for plain output layers, the vocabulary projected in chunks."""
+group's shared prompt run once and, for plain output layers, the vocabulary projected in chunks;
+a critic's values; and the batch layout they read (`tensorize`)."""
 from __future__ import annotations
 
 import contextlib
@@ -110,3 +111,36 @@ def token_values(model, batch: dict) -> torch.Tensor:
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
     start = batch["prompt_ids"].size(1) - 1
     return out[:, start:start + batch["completion_ids"].size(1), 0].float()
+
+
+def tensorize(trajectories: list, pad: int, overlong_filter: bool = False) -> dict[str, torch.Tensor]:
+    """Rollout trajectories as the batch the functions above read: left-padded prompts, right-padded
+    completions, the loss mask (generated tokens only; none for a truncated completion under
+    `overlong_filter`), and the sampler's log-probs when every trajectory has them (NaN where not)."""
+    lp = max(len(t.prompt_ids) for t in trajectories)
+    lc = max(max(len(t.completion_ids) for t in trajectories), 1)
+    b = len(trajectories)
+    prompt = torch.full((b, lp), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((b, lp), dtype=torch.long)
+    completion = torch.full((b, lc), pad, dtype=torch.long)
+    completion_mask = torch.zeros((b, lc), dtype=torch.long)  # attention: every completion token
+    loss_mask = torch.zeros((b, lc), dtype=torch.float32)  # loss: generated tokens only
+    for i, t in enumerate(trajectories):
+        prompt[i, lp - len(t.prompt_ids):] = torch.tensor(t.prompt_ids)
+        prompt_mask[i, lp - len(t.prompt_ids):] = 1
+        if t.completion_ids:
+            completion[i, :len(t.completion_ids)] = torch.tensor(t.completion_ids)
+            completion_mask[i, :len(t.completion_ids)] = 1
+            loss_mask[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        if t.truncated and overlong_filter:
+            loss_mask[i] = 0  # truncated answers say nothing about the reward of a finished one
+    batch = {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
+             "completion_mask": completion_mask, "loss_mask": loss_mask,
+             "truncated": torch.tensor([t.truncated for t in trajectories])}
+    if all(t.logprobs is not None for t in trajectories):
+        sampling = torch.full((b, lc), float("nan"))
+        for i, t in enumerate(trajectories):
+            if t.logprobs:
+                sampling[i, :len(t.logprobs)] = torch.tensor(t.logprobs, dtype=torch.float32)
+        batch["sampling_logps"] = sampling
+    return batch

@@ -23,10 +23,10 @@ import torch.distributed as dist
 
 from swift.infer.protocol import RequestConfig
 from swift.rewards.process import process_advantages
-from swift.rlhf.grpo import LOSS_TYPES, compute_advantages, high_entropy_mask
+from swift.rlhf.grpo import LOSS_TYPES, compute_advantages, high_entropy_mask, rollout_importance_weights
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
-from swift.trainers.completion_logps import token_logps
+from swift.trainers.completion_logps import tensorize, token_logps
 from swift.trainers.rlhf import RLHFTrainer
 from swift.trainers.rollout_metrics import eval_metrics, rollout_metrics, write_completions
 from swift.trainers.rollout_queue import RepeatBatchSampler, RolloutQueue
@@ -284,7 +284,8 @@ class GRPOTrainer(RLHFTrainer):
         rows = self.args.per_device_train_batch_size
         micro = []
         for start in range(0, len(trajectories), rows):
-            batch = self._tensorize(trajectories[start:start + rows])
+            batch = tensorize(trajectories[start:start + rows], self.processing_class.pad_token_id,
+                              a.overlong_filter)
             batch["loss_mask"][~scored[start:start + rows]] = 0
             with torch.no_grad():
                 device_batch = self._prepare_inputs(dict(batch))
@@ -337,36 +338,6 @@ class GRPOTrainer(RLHFTrainer):
         mine = self.accelerator.process_index * rewards.numel()
         return compute_advantages(everyone, self.num_generations, a.advantage_estimator,
                                   a.scale_rewards)[mine:mine + rewards.numel()]
-
-    def _tensorize(self, trajectories: list[Trajectory]) -> dict[str, torch.Tensor]:
-        pad = self.processing_class.pad_token_id
-        lp = max(len(t.prompt_ids) for t in trajectories)
-        lc = max(max(len(t.completion_ids) for t in trajectories), 1)
-        b = len(trajectories)
-        prompt = torch.full((b, lp), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((b, lp), dtype=torch.long)
-        completion = torch.full((b, lc), pad, dtype=torch.long)
-        completion_mask = torch.zeros((b, lc), dtype=torch.long)  # attention: every completion token
-        loss_mask = torch.zeros((b, lc), dtype=torch.float32)  # loss: generated tokens only
-        for i, t in enumerate(trajectories):
-            prompt[i, lp - len(t.prompt_ids):] = torch.tensor(t.prompt_ids)
-            prompt_mask[i, lp - len(t.prompt_ids):] = 1
-            if t.completion_ids:
-                completion[i, :len(t.completion_ids)] = torch.tensor(t.completion_ids)
-                completion_mask[i, :len(t.completion_ids)] = 1
-                loss_mask[i, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
-            if t.truncated and self.rlhf_args.overlong_filter:
-                loss_mask[i] = 0  # truncated answers say nothing about the reward of a finished one
-        batch = {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
-                 "completion_mask": completion_mask, "loss_mask": loss_mask,
-                 "truncated": torch.tensor([t.truncated for t in trajectories])}
-        if all(t.logprobs is not None for t in trajectories):
-            sampling = torch.full((b, lc), float("nan"))
-            for i, t in enumerate(trajectories):
-                if t.logprobs:
-                    sampling[i, :len(t.logprobs)] = torch.tensor(t.logprobs, dtype=torch.float32)
-            batch["sampling_logps"] = sampling
-        return batch
 
     # -- log-probs ---------------------------------------------------------------------------------
     def _token_logps(self, model, batch, with_entropy: bool = False, with_hidden: bool = False):
@@ -429,7 +400,9 @@ class GRPOTrainer(RLHFTrainer):
         weights = high_entropy_mask(entropies, mask, a.top_entropy_quantile) if a.top_entropy_quantile < 1 else None
         sampling_metrics = {}
         if inputs.get("sampling_logps") is not None:
-            is_weights, sampling_metrics = self._importance_weights(old, inputs["sampling_logps"], mask)
+            is_weights, sampling_metrics = rollout_importance_weights(
+                old, inputs["sampling_logps"], mask, a.rollout_importance_sampling_mode,
+                a.rollout_importance_sampling_threshold)
             if is_weights is not None:
                 weights = is_weights if weights is None else weights * is_weights
         loss, info = self.algorithm.loss(
@@ -451,28 +424,6 @@ class GRPOTrainer(RLHFTrainer):
             return 1.0
         steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         return steps * self.accelerator.num_processes
-
-    def _importance_weights(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor):
-        """Per-token weights π_old/π_sampler for tokens sampled by older weights (or another
-        engine), truncated or masked at the threshold, and their metrics (TRL's names)."""
-        a = self.rlhf_args
-        known = ~sampling.isnan() & (mask > 0)
-        diff = torch.where(known, old.detach() - sampling.nan_to_num(0.0), torch.zeros_like(old))
-        ratio = diff.exp()
-        metrics = {}
-        if known.any():
-            r, d = ratio[known], diff[known].abs()
-            metrics = {"sampling/sampling_logp_difference/mean": d.mean().item(),
-                       "sampling/sampling_logp_difference/max": d.max().item(),
-                       "sampling/importance_sampling_ratio/min": r.min().item(),
-                       "sampling/importance_sampling_ratio/mean": r.mean().item(),
-                       "sampling/importance_sampling_ratio/max": r.max().item()}
-        threshold = a.rollout_importance_sampling_threshold
-        if a.rollout_importance_sampling_mode == "token_truncate":
-            return ratio.clamp(max=threshold), metrics
-        if a.rollout_importance_sampling_mode == "token_mask":
-            return torch.where(ratio <= threshold, ratio, torch.zeros_like(ratio)), metrics
-        return None, metrics
 
     # -- metrics and evaluation --------------------------------------------------------------------
     def _log_rollout(self, prompts, trajectories, rewards, per_func, advantages) -> None:
