@@ -3,7 +3,7 @@ three-step task the built-in tiny model can learn, with a PRM trained on the pol
 steps (docs/grpo.md quotes the tables).
 
     python benchmarks/process_rewards.py --quickstart output/quickstart [--temperatures 1.5 2.0]
-        [--seeds 42 7 1] [--out DIR]
+        [--seeds 42 7 1] [--labels cumulative|local] [--out DIR]
 
 The task: "a+b+c+d=" (four digits) answered by running sums, one step per line:
 "a+b=s1", "s1+c=s2", "s2+d=s3"; the outcome reward is `accuracy` on s3. All 10,000 prompts, 500
@@ -184,7 +184,8 @@ def main() -> None:
         label_samples(policy, train, prm_train, t, 8000, a.labels)
         label_samples(policy, held, prm_held, t, 500, a.labels)
         prm = os.path.join(a.out, f"prm_{tag}")
-        print(f"\nT={t:g}, {a.labels} labels: PRM held-out step accuracy {train_prm(policy, prm_train, prm_held, prm):.3f}, "
+        accuracy = train_prm(policy, prm_train, prm_held, prm)
+        print(f"\nT={t:g}, {a.labels} labels: PRM held-out step accuracy {accuracy:.3f}, "
               f"majority-label rate {majority_rate(prm_held):.3f}")
         print("| seed | reward | held-out accuracy at steps 0, 10, ..., 60 | first step at the target | sampled length "
               "(tokens), steps 0 → 60 |\n|---|---|---|---|---|")
@@ -194,7 +195,8 @@ def main() -> None:
                                                 t, seed, "--prm_model", prm)}
             target = curves["outcome"][0][-1][1] - 0.05
             for name, (curve, length) in curves.items():
-                first = next((str(step) for step, acc in curve if acc >= target), "not reached")
+                # the accuracies are logged in float32: a tie with the target counts as reached
+                first = next((str(step) for step, acc in curve if acc >= target - 1e-6), "not reached")
                 print(f"| {seed} | {name} | {' '.join(f'{acc:.3f}' for _, acc in curve)} | {first} (target "
                       f"{target:.3f}) | {length[0][1]:.1f} → {length[-1][1]:.1f} |", flush=True)
 
