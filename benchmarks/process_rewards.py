@@ -42,8 +42,12 @@ COMMON = ["--gradient_checkpointing", "false", "--add_version", "false", "--repo
           "--save_strategy", "no", "--disable_tqdm", "true"]
 
 
+def prompt_digits(prompt: str) -> list[int]:
+    return [int(d) for d in prompt.rstrip("=").split("+")]
+
+
 def correct_steps(prompt: str) -> list[str]:
-    digits = [int(d) for d in prompt.rstrip("=").split("+")]
+    digits = prompt_digits(prompt)
     steps, total = [], digits[0]
     for d in digits[1:]:
         steps.append(f"{total}+{d}={total + d}")
@@ -108,7 +112,7 @@ def step_labels(prompt: str, steps: list[str], labels: str) -> list[bool]:
             right = right and k < len(want) and step == want[k]
             out.append(right)
         return out
-    digits = [int(d) for d in prompt.rstrip("=").split("+")]
+    digits = prompt_digits(prompt)
     previous = digits[0]
     for k, step in enumerate(steps):
         m = STEP.fullmatch(step)

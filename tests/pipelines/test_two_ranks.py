@@ -59,31 +59,23 @@ def test_grpo_batch_statistics_are_the_global_batch_s(tmp_path, quickstart):
     assert logs[0]["loss"] != 0  # the advantages are not all zero
 
 
-def test_ppo_policy_and_critic_match_one_rank(tmp_path, quickstart):
-    # greedy rollouts of the quickstart's sft model (as above); the critic is trained outside DDP, its
-    # gradients averaged over ranks by the trainer: its weights must match the one-rank run's too
-    sft = os.path.join(quickstart[1], "sft")
-    assert_same_run(tmp_path, ["objective/scores", "loss/value_avg", "val/var_explained"], "--model", sft,
-                    "--rlhf_type", "ppo", "--dataset", "builtin:arith-sft#16", *TEXT_LENGTH, "--temperature", "0",
-                    "--max_completion_length", "6", "--num_ppo_epochs", "1", "--kl_coef", "0.1")
-    one = load_file(os.path.join(tmp_path / "one", "critic", "model.safetensors"))
-    two = load_file(os.path.join(tmp_path / "two", "critic", "model.safetensors"))
-    for name in one:
-        torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-5, msg=name)
+BY_HAND = pytest.mark.skipif(not os.environ.get("SWIFT_TEST_BY_HAND"), reason="run by hand (SWIFT_TEST_BY_HAND=1): "
+                             "about 45 s that CI's 60-minute budget has no room for")
 
 
-@pytest.mark.skipif(not os.environ.get("SWIFT_TEST_BY_HAND"), reason="run by hand (SWIFT_TEST_BY_HAND=1): about 45 s "
-                    "that CI's 60-minute budget has no room for")
-def test_ppo_shared_critic_matches_one_rank(tmp_path, quickstart):
-    # as above, with the value head on the policy's backbone: its gradients are averaged like the
-    # separate critic's, and its weights must match the one-rank run's too
+@pytest.mark.parametrize("backbone", ["separate", pytest.param("shared", marks=BY_HAND)])
+def test_ppo_policy_and_critic_match_one_rank(tmp_path, quickstart, backbone):
+    # greedy rollouts of the quickstart's sft model (as above); the critic (a separate model, or a
+    # value head on the policy's backbone) has its gradients averaged over ranks by the trainer: its
+    # weights must match the one-rank run's too
     sft = os.path.join(quickstart[1], "sft")
     assert_same_run(tmp_path, ["objective/scores", "loss/value_avg", "val/var_explained"], "--model", sft,
-                    "--rlhf_type", "ppo", "--critic_backbone", "shared", "--dataset", "builtin:arith-sft#16",
+                    "--rlhf_type", "ppo", "--critic_backbone", backbone, "--dataset", "builtin:arith-sft#16",
                     *TEXT_LENGTH, "--temperature", "0", "--max_completion_length", "6", "--num_ppo_epochs", "1",
                     "--kl_coef", "0.1")
-    one = load_file(os.path.join(tmp_path / "one", "value_head.safetensors"))
-    two = load_file(os.path.join(tmp_path / "two", "value_head.safetensors"))
-    assert set(one) == {"weight", "bias"}
+    saved = os.path.join("critic", "model.safetensors") if backbone == "separate" else "value_head.safetensors"
+    one, two = load_file(os.path.join(tmp_path / "one", saved)), load_file(os.path.join(tmp_path / "two", saved))
+    if backbone == "shared":
+        assert set(one) == {"weight", "bias"}
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-5, msg=name)
