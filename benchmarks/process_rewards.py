@@ -3,7 +3,7 @@ three-step task the built-in tiny model can learn, with a PRM trained on the pol
 steps (docs/grpo.md quotes the tables).
 
     python benchmarks/process_rewards.py --quickstart output/quickstart [--temperatures 1.5 2.0]
-        [--seeds 42 7 1] [--labels cumulative|local] [--out DIR]
+        [--seeds 42 7 1] [--labels cumulative|local] [--weak_policy] [--out DIR]
 
 The task: "a+b+c+d=" (four digits) answered by running sums, one step per line:
 "a+b=s1", "s1+c=s2", "s2+d=s3"; the outcome reward is `accuracy` on s3. All 10,000 prompts, 500
@@ -15,7 +15,9 @@ held out by a fixed shuffle.
    cumulative` (default, as `builtin:arith-prm`): a step is right when it and every step before it
    equal the correct steps; `--labels local`: when its own addition continues the step before it.
 3. PRM: `swift rlhf --rlhf_type prm` (full) from the policy, 600 steps of 32 at 1e-4; its held-out
-   step accuracy is printed beside the majority-label rate.
+   step accuracy is printed beside the majority-label rate. With `--weak_policy`, the policy of
+   steps 2 and 4 is the 400-step checkpoint of step 1, and the PRM starts from a stronger model: the
+   policy fine-tuned 1,600 more steps (1e-3, cosine).
 4. GRPO (LoRA, 60 steps of 16 prompts x 8 answers at 1e-3, temperature T, no KL) with
    `--reward_funcs accuracy`, with and without `--prm_model`; held-out accuracy of sampled answers
    every 10 steps, and the first step at which each arm reaches the target (the outcome arm's
@@ -98,6 +100,17 @@ def train_policy(qs: str, train: str, held: str, out: str) -> str:
     return policy
 
 
+def train_strong(policy: str, train: str, held: str, out: str) -> str:
+    """`--weak_policy`'s PRM base: the policy fine-tuned 1,600 more steps (1e-3, cosine)."""
+    strong = os.path.join(out, "policy_strong")
+    if not os.path.exists(os.path.join(strong, "model.safetensors")):  # else reuse it
+        swift("sft", "--tuner_type", "full", "--dataset", train, "--val_dataset", held, "--per_device_train_batch_size",
+              "64", "--learning_rate", "1e-3", "--adam_beta2", "0.98", "--predict_with_generate", "true",
+              "--generation_max_length", "24", *COMMON, "--model", policy, "--max_steps", "1600", "--warmup_ratio",
+              "0.02", "--eval_steps", "800", "--output_dir", strong, log=strong + ".log")
+    return strong
+
+
 STEP = re.compile(r"(\d+)\+(\d)=(\d+)")
 
 
@@ -176,19 +189,25 @@ def main() -> None:
     p.add_argument("--temperatures", type=float, nargs="+", default=[1.5, 2.0])
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 7, 1])
     p.add_argument("--labels", choices=["cumulative", "local"], default="cumulative", help=step_labels.__doc__)
+    p.add_argument("--weak_policy", action="store_true",
+                   help="GRPO from the policy's 400-step checkpoint, and the PRM (trained on that checkpoint's "
+                        "samples) from a stronger one: the policy fine-tuned 1,600 more steps")
     p.add_argument("--out", default=os.path.join(ROOT, "output", "process_rewards"))
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     train, held = write_task(a.out)
-    policy = train_policy(a.quickstart, train, held, a.out)
+    policy = prm_base = train_policy(a.quickstart, train, held, a.out)
+    if a.weak_policy:
+        policy, prm_base = os.path.join(a.out, "policy_400"), train_strong(policy, train, held, a.out)
+        print(f"PRM base: greedy exact match {logged(prm_base, 'eval_acc')[-1][1]:.3f} on the 500 held-out prompts")
     print(f"policy: greedy exact match {logged(policy, 'eval_acc')[-1][1]:.3f} on the 500 held-out prompts")
     for t in a.temperatures:
-        tag = f"T{t:g}" + ("_local" if a.labels == "local" else "")
+        tag = f"T{t:g}" + ("_local" if a.labels == "local" else "") + ("_weak" if a.weak_policy else "")
         prm_train, prm_held = (os.path.join(a.out, f"prm_{tag}_{s}.jsonl") for s in ("train", "eval"))
         label_samples(policy, train, prm_train, t, 8000, a.labels)
         label_samples(policy, held, prm_held, t, 500, a.labels)
         prm = os.path.join(a.out, f"prm_{tag}")
-        accuracy = train_prm(policy, prm_train, prm_held, prm)
+        accuracy = train_prm(prm_base, prm_train, prm_held, prm)
         print(f"\nT={t:g}, {a.labels} labels: PRM held-out step accuracy {accuracy:.3f}, "
               f"majority-label rate {majority_rate(prm_held):.3f}")
         print("| seed | reward | held-out accuracy at steps 0, 10, ..., 60 | first step at the target | sampled length "

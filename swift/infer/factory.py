@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-from peft import PeftModel
 from transformers import AutoConfig
 
 from swift.infer.reward import RewardScorer
@@ -36,6 +35,8 @@ def load_for_serving(args, task_type: str = "causal_lm"):
         model.to("cuda")
     for i, (name, path) in enumerate(adapters.items()):
         if i == 0:
+            from peft import PeftModel  # imported only when there are adapters: it takes seconds
+
             model = PeftModel.from_pretrained(model, path, adapter_name=name)
         else:
             model.load_adapter(path, adapter_name=name)

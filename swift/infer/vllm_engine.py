@@ -265,7 +265,7 @@ def merged_weight(module, name: str, tensor):
 
 
 def colocated_vllm_engine(model, template, *, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None,
-                          seed: int = 0) -> VllmEngine:
+                          seed: int = 0, enforce_eager: bool = False) -> VllmEngine:
     """A vLLM engine for a trainer's policy: started from the policy's current weights (written to a
     temporary directory), later updated with `sync_weights`."""
     import tempfile
@@ -286,4 +286,4 @@ def colocated_vllm_engine(model, template, *, gpu_memory_utilization: float = 0.
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return VllmEngine(path, template.tokenizer, template, dtype=dtype, max_model_len=max_model_len,
                       gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                      worker_extension_cls="swift.infer.vllm_worker.WeightSyncExtension")
+                      enforce_eager=enforce_eager, worker_extension_cls="swift.infer.vllm_worker.WeightSyncExtension")

@@ -6,7 +6,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from peft import PeftModel
 from safetensors import safe_open
 
 from swift.arguments.base import ComposedArguments
@@ -120,6 +119,8 @@ def merge_lora_main(args: MergeLoraArguments | list[str] | None = None) -> dict[
     model, tokenizer, _ = load_model(base, use_hf=a.use_hf, torch_dtype=dtype, task_type=task_type,
                                      num_labels=num_labels)
     for adapter in a.adapters:
+        from peft import PeftModel  # imported here: `swift deploy/infer` without adapters start without peft
+
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
         logger.info(f"merged {adapter}")
     model.config._name_or_path = a.output_dir

@@ -296,7 +296,8 @@ class RLHFPipeline(TrainPipeline):
             from swift.infer.vllm_engine import colocated_vllm_engine
 
             return colocated_vllm_engine(model, template, gpu_memory_utilization=a.vllm_gpu_memory_utilization,
-                                         max_model_len=a.vllm_max_model_len, seed=a.seed)
+                                         max_model_len=a.vllm_max_model_len, seed=a.seed,
+                                         enforce_eager=a.vllm_enforce_eager)
 
         def rollout_server(model):
             from swift.rollout.client import RolloutClient

@@ -94,3 +94,14 @@ def test_every_ms_swift_flag_is_supported_or_refused_in_one_line():
         elif flag != "config":
             for command in re.findall(r"`swift ([\w-]+)`", detail):
                 assert flag in classes[command].field_owners(), (flag, command)
+
+
+def test_serving_commands_start_without_the_training_stack():
+    """infer/deploy/eval/sample/rollout import neither peft (with bitsandbytes, seconds of every start)
+    nor transformers' TrainingArguments until an adapter or a training class is asked for."""
+    code = ("import sys\nimport swift.pipelines.infer, swift.pipelines.deploy, swift.pipelines.eval, "
+            "swift.pipelines.sample, swift.pipelines.rollout\n"
+            "print(sorted(m for m in ('peft', 'transformers.training_args') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

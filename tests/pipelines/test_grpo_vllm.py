@@ -33,8 +33,9 @@ def test_weight_sync_makes_vllm_generate_like_the_trainer():
                            target_modules=["all-linear"])
     model = prepare_model(model, lora)
     template = get_template("chatml", tokenizer)
-    engine = colocated_vllm_engine(model, template, gpu_memory_utilization=0.2, seed=0)
+    engine = colocated_vllm_engine(model, template, gpu_memory_utilization=0.2, seed=0, enforce_eager=True)
     try:
+        assert engine.engine.model_config.enforce_eager  # no torch.compile: the engine starts sooner on CPU
         with torch.no_grad():  # the trainer changes the adapters: vLLM must follow after a sync
             for name, p in model.named_parameters():
                 if "lora_B" in name:
@@ -58,6 +59,7 @@ def test_online_rl_trains_with_colocated_vllm(tmp_path, rlhf_type):
                         "--max_completion_length", "6", "--max_steps", "2", "--logging_steps", "1",
                         "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
                         "--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.2",
+                        "--vllm_enforce_eager", "true",
                         "--output_dir", str(tmp_path), "--add_version", "false"])
     assert result["global_step"] == 2
     logs = [json.loads(line) for line in open(tmp_path / "logging.jsonl")]
