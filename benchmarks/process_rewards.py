@@ -23,7 +23,8 @@ held out by a fixed shuffle.
    every 10 steps, and the first step at which each arm reaches the target (the outcome arm's
    final accuracy less 0.05, per seed).
 
-Slow (about 25 to 35 minutes with the defaults on 2 cores) and not run by CI.
+Slow (about 25 to 35 minutes with the defaults on 2 cores, `--weak_policy` about 10 more for the
+stronger model) and not run by CI.
 """
 from __future__ import annotations
 

@@ -1,3 +1,5 @@
+from typing import TYPE_CHECKING
+
 from swift.arguments.base import ComposedArguments
 from swift.arguments.data import DataArguments
 from swift.arguments.model import ModelArguments
@@ -8,6 +10,8 @@ __all__ = [
     "ComposedArguments", "DataArguments", "ModelArguments", "TemplateArguments", "TunerArguments",
     "TrainingArguments", "SftArguments", "PtArguments", "TrainArguments",
 ]
+if TYPE_CHECKING:  # pragma: no cover
+    from swift.arguments.train import PtArguments, SftArguments, TrainArguments, TrainingArguments  # noqa: F401
 _TRAIN = {"TrainingArguments", "SftArguments", "PtArguments", "TrainArguments"}
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import TEXT_LENGTH, train_argv
+from tests.conftest import BY_HAND, TEXT_LENGTH, train_argv
 
 
 def run(out, nproc: int, batch: int, *extra, lr: str = "0.1") -> tuple[list[dict], dict]:
@@ -59,8 +59,6 @@ def test_grpo_batch_statistics_are_the_global_batch_s(tmp_path, quickstart):
     assert logs[0]["loss"] != 0  # the advantages are not all zero
 
 
-BY_HAND = pytest.mark.skipif(not os.environ.get("SWIFT_TEST_BY_HAND"), reason="run by hand (SWIFT_TEST_BY_HAND=1): "
-                             "about 45 s that CI's 60-minute budget has no room for")
 
 
 @pytest.mark.parametrize("backbone", ["separate", pytest.param("shared", marks=BY_HAND)])
