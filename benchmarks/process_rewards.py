@@ -88,11 +88,16 @@ def logged(run: str, key: str) -> list[tuple[int, float]]:
         return [(r["global_step"], r[key]) for r in map(json.loads, f) if key in r]
 
 
+def sft_argv(train: str, held: str) -> list[str]:
+    """Full fine-tuning on the task at 1e-3, greedy exact match on the held-out prompts at each eval."""
+    return ["sft", "--tuner_type", "full", "--dataset", train, "--val_dataset", held, "--per_device_train_batch_size",
+            "64", "--learning_rate", "1e-3", "--adam_beta2", "0.98", "--predict_with_generate", "true",
+            "--generation_max_length", "24", *COMMON]
+
+
 def train_policy(qs: str, train: str, held: str, out: str) -> str:
     first, policy = os.path.join(out, "policy_400"), os.path.join(out, "policy")
-    sft = ["sft", "--tuner_type", "full", "--dataset", train, "--val_dataset", held, "--per_device_train_batch_size",
-           "64", "--learning_rate", "1e-3", "--adam_beta2", "0.98", "--predict_with_generate", "true",
-           "--generation_max_length", "24", *COMMON]
+    sft = sft_argv(train, held)
     if not os.path.exists(os.path.join(policy, "model.safetensors")):  # else reuse it
         swift(*sft, "--model", os.path.join(qs, "sft"), "--max_steps", "400", "--warmup_ratio", "0.05",
               "--eval_steps", "400", "--output_dir", first, log=first + ".log")
@@ -105,10 +110,8 @@ def train_strong(policy: str, train: str, held: str, out: str) -> str:
     """`--weak_policy`'s PRM base: the policy fine-tuned 1,600 more steps (1e-3, cosine)."""
     strong = os.path.join(out, "policy_strong")
     if not os.path.exists(os.path.join(strong, "model.safetensors")):  # else reuse it
-        swift("sft", "--tuner_type", "full", "--dataset", train, "--val_dataset", held, "--per_device_train_batch_size",
-              "64", "--learning_rate", "1e-3", "--adam_beta2", "0.98", "--predict_with_generate", "true",
-              "--generation_max_length", "24", *COMMON, "--model", policy, "--max_steps", "1600", "--warmup_ratio",
-              "0.02", "--eval_steps", "800", "--output_dir", strong, log=strong + ".log")
+        swift(*sft_argv(train, held), "--model", policy, "--max_steps", "1600", "--warmup_ratio", "0.02",
+              "--eval_steps", "800", "--output_dir", strong, log=strong + ".log")
     return strong
 
 

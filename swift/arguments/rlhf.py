@@ -210,8 +210,8 @@ class RlhfArguments:
         "help": "grpo colocate: fraction of accelerator memory vLLM may take."})
     vllm_max_model_len: int | None = field(default=None, metadata={"help": "grpo colocate: vLLM context length."})
     vllm_enforce_eager: bool = field(default=False, metadata={
-        "help": "grpo colocate: run vLLM's model eagerly (no CUDA graphs; on CPU, no torch.compile, which starts "
-                "the engine about a minute sooner)."})
+        "help": "grpo colocate: run vLLM's model eagerly (no CUDA graphs; on CPU, no torch.compile): the engine "
+                "starts sooner."})
 
     # -- ppo ---------------------------------------------------------------------------------------
     critic_model: str | None = field(default=None, metadata={

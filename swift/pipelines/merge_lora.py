@@ -118,9 +118,9 @@ def merge_lora_main(args: MergeLoraArguments | list[str] | None = None) -> dict[
     task_type, num_labels = head_of(a.adapters[0])
     model, tokenizer, _ = load_model(base, use_hf=a.use_hf, torch_dtype=dtype, task_type=task_type,
                                      num_labels=num_labels)
-    for adapter in a.adapters:
-        from peft import PeftModel  # imported here: `swift deploy/infer` without adapters start without peft
+    from peft import PeftModel  # imported here: `swift deploy/infer` without adapters start without peft
 
+    for adapter in a.adapters:
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
         logger.info(f"merged {adapter}")
     model.config._name_or_path = a.output_dir

@@ -59,8 +59,6 @@ def test_grpo_batch_statistics_are_the_global_batch_s(tmp_path, quickstart):
     assert logs[0]["loss"] != 0  # the advantages are not all zero
 
 
-
-
 @pytest.mark.parametrize("backbone", ["separate", pytest.param("shared", marks=BY_HAND)])
 def test_ppo_policy_and_critic_match_one_rank(tmp_path, quickstart, backbone):
     # greedy rollouts of the quickstart's sft model (as above); the critic (a separate model, or a
