@@ -7,6 +7,10 @@ from typing import Any, ClassVar
 from swift.arguments.train import SftArguments
 from swift.utils.registry import SwiftError
 
+# flags of the engine `swift rlhf` builds in its own process (colocate), with their defaults: a rollout
+# server's engine takes them from `swift rollout`
+COLOCATE_ENGINE_FLAGS = {"vllm_gpu_memory_utilization": 0.3, "vllm_max_model_len": None, "vllm_enforce_eager": False}
+
 
 @dataclass
 class RlhfArguments:
@@ -206,10 +210,12 @@ class RlhfArguments:
                 "(weight min(ratio, threshold)), token_mask (drop tokens above the threshold) or none."})
     rollout_importance_sampling_threshold: float = field(default=2.0, metadata={
         "help": "Cap of the importance ratio π_θ_old / π_sampler per token."})
-    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={
-        "help": "grpo colocate: fraction of accelerator memory vLLM may take."})
-    vllm_max_model_len: int | None = field(default=None, metadata={"help": "grpo colocate: vLLM context length."})
-    vllm_enforce_eager: bool = field(default=False, metadata={
+    vllm_gpu_memory_utilization: float = field(
+        default=COLOCATE_ENGINE_FLAGS["vllm_gpu_memory_utilization"],
+        metadata={"help": "grpo colocate: fraction of accelerator memory vLLM may take."})
+    vllm_max_model_len: int | None = field(default=COLOCATE_ENGINE_FLAGS["vllm_max_model_len"], metadata={
+        "help": "grpo colocate: vLLM context length."})
+    vllm_enforce_eager: bool = field(default=COLOCATE_ENGINE_FLAGS["vllm_enforce_eager"], metadata={
         "help": "grpo colocate: run vLLM's model eagerly (no CUDA graphs; on CPU, no torch.compile): the engine "
                 "starts sooner."})
 
@@ -371,6 +377,14 @@ class RlhfArguments:
             raise SwiftError("--tau_pos and --tau_neg must be positive")
         if self.rollout_importance_sampling_threshold <= 0:
             raise SwiftError("--rollout_importance_sampling_threshold must be positive")
+        colocate_only = [f"--{name}" for name, default in COLOCATE_ENGINE_FLAGS.items()
+                         if getattr(self, name) != default]
+        if self.server_mode and colocate_only:
+            from swift.utils.logging import get_logger
+
+            get_logger(__name__).warning(
+                f"{', '.join(colocate_only)}: set the colocated engine; in server mode the engine is the rollout "
+                "server's, so give them to `swift rollout` instead (ignored here)")
 
     @property
     def server_mode(self) -> bool:

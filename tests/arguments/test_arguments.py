@@ -104,6 +104,31 @@ def test_vllm_server_base_url_sets_host_and_port():
                       vllm_server_base_url="https://10.0.0.5:8123/v1")
 
 
+def test_colocated_engine_flags_in_server_mode_are_named_as_ignored():
+    """--vllm_enforce_eager / --vllm_max_model_len / --vllm_gpu_memory_utilization set the engine `swift
+    rlhf` builds itself; with a rollout server they belong to `swift rollout`, and the trainer says so."""
+    import logging
+
+    from swift.arguments.rlhf import RLHFArguments
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("swift").addHandler(handler)
+    try:
+        common = dict(model="m", dataset=["d"], rlhf_type="grpo", reward_funcs=["accuracy"], use_vllm=True,
+                      vllm_enforce_eager=True, vllm_max_model_len=512)
+        RLHFArguments(**common)  # colocate: they apply
+        assert not records
+        RLHFArguments(**common, vllm_mode="server")
+        RLHFArguments(model="m", dataset=["d"], rlhf_type="grpo", reward_funcs=["accuracy"], rollout_mode="server")
+    finally:
+        logging.getLogger("swift").removeHandler(handler)
+    assert [r.getMessage() for r in records] == [
+        "--vllm_max_model_len, --vllm_enforce_eager: set the colocated engine; in server mode the engine is the "
+        "rollout server's, so give them to `swift rollout` instead (ignored here)"]
+
+
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"rlhf_type": "dpo", "lazy_tokenize": True, "precompute_ref_log_probs": True}, "--precompute_ref_log_probs stores"),
