@@ -29,6 +29,7 @@ stronger model) and not run by CI.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -37,6 +38,7 @@ import re
 import shutil
 import subprocess
 import sys
+from typing import Callable
 
 from prm_learnability import majority_rate
 
@@ -140,8 +142,9 @@ def step_labels(prompt: str, steps: list[str], labels: str) -> list[bool]:
     return out
 
 
-def label_samples(policy: str, source: str, out: str, temperature: float, limit: int, labels: str) -> None:
-    """One sampled answer per prompt, its steps labelled by `step_labels`."""
+def label_samples(policy: str, source: str, out: str, temperature: float, limit: int,
+                  label: Callable[[str, list[str]], list[bool]], max_new_tokens: int = 24) -> None:
+    """One sampled answer per prompt, its steps labelled by `label(prompt, steps)`."""
     import torch
 
     from swift.model import load_model
@@ -160,31 +163,36 @@ def label_samples(policy: str, source: str, out: str, temperature: float, limit:
             enc = tok(text, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 gen = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                                     max_new_tokens=24)
+                                     max_new_tokens=max_new_tokens)
             answers = tok.batch_decode(gen[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
             for prompt, answer in zip(batch, answers):
                 if not answer.strip():
                     continue
                 steps = answer.split("\n")
                 f.write(json.dumps({"prompt": prompt, "completions": steps,
-                                    "labels": step_labels(prompt, steps, labels)}) + "\n")
+                                    "labels": label(prompt, steps)}) + "\n")
 
 
-def train_prm(policy: str, train: str, held: str, out: str) -> float:
+def train_prm(policy: str, train: str, held: str, out: str, lr: str = "1e-4", steps: int = 600) -> float:
     swift("rlhf", "--rlhf_type", "prm", "--model", policy, "--dataset", train, "--val_dataset", held, "--tuner_type",
-          "full", "--learning_rate", "1e-4", "--adam_beta2", "0.98", "--warmup_ratio", "0.02", "--lr_scheduler_type",
-          "constant_with_warmup", "--max_steps", "600", "--per_device_train_batch_size", "32", "--eval_strategy",
-          "steps", "--eval_steps", "150", "--logging_steps", "50", *COMMON, "--output_dir", out, log=out + ".log")
+          "full", "--learning_rate", lr, "--adam_beta2", "0.98", "--warmup_ratio", "0.02", "--lr_scheduler_type",
+          "constant_with_warmup", "--max_steps", str(steps), "--per_device_train_batch_size", "32", "--eval_strategy",
+          "steps", "--eval_steps", str(steps // 4), "--logging_steps", "50", *COMMON, "--output_dir", out,
+          log=out + ".log")
     return logged(out, "eval_step_accuracy")[-1][1]
 
 
-def grpo(policy: str, train: str, held: str, out: str, temperature: float, seed: int, *extra: str) -> tuple:
+def grpo(policy: str, train: str, held: str, out: str, temperature: float, seed: int, *extra: str,
+         reward: tuple[str, ...] = ("--reward_funcs", "accuracy"), metric: str = "accuracy", eval_steps: int = 10,
+         max_length: int = 24) -> tuple:
+    """The held-out curves of the reward `metric` and of the answers' length."""
     swift("rlhf", "--rlhf_type", "grpo", "--model", policy, "--dataset", train, "--val_dataset", held, "--tuner_type",
-          "lora", "--reward_funcs", "accuracy", "--num_generations", "8", "--per_device_train_batch_size", "128",
-          "--max_completion_length", "24", "--temperature", str(temperature), "--beta", "0", "--learning_rate",
-          "1e-3", "--warmup_ratio", "0.05", "--max_steps", "60", "--eval_on_start", "true", "--eval_steps", "10",
-          "--logging_steps", "10", "--seed", str(seed), *COMMON, "--output_dir", out, *extra, log=out + ".log")
-    return logged(out, "eval_rewards/accuracy/mean"), logged(out, "eval_completions/mean_length")
+          "lora", *reward, "--num_generations", "8", "--per_device_train_batch_size", "128",
+          "--max_completion_length", str(max_length), "--temperature", str(temperature), "--beta", "0",
+          "--learning_rate", "1e-3", "--warmup_ratio", "0.05", "--max_steps", "60", "--eval_on_start", "true",
+          "--eval_steps", str(eval_steps), "--logging_steps", str(eval_steps), "--seed", str(seed), *COMMON,
+          "--output_dir", out, *extra, log=out + ".log")
+    return logged(out, f"eval_rewards/{metric}/mean"), logged(out, "eval_completions/mean_length")
 
 
 def main() -> None:
@@ -208,8 +216,9 @@ def main() -> None:
     for t in a.temperatures:
         tag = f"T{t:g}" + ("_local" if a.labels == "local" else "") + ("_weak" if a.weak_policy else "")
         prm_train, prm_held = (os.path.join(a.out, f"prm_{tag}_{s}.jsonl") for s in ("train", "eval"))
-        label_samples(policy, train, prm_train, t, 8000, a.labels)
-        label_samples(policy, held, prm_held, t, 500, a.labels)
+        label = functools.partial(step_labels, labels=a.labels)
+        label_samples(policy, train, prm_train, t, 8000, label)
+        label_samples(policy, held, prm_held, t, 500, label)
         prm = os.path.join(a.out, f"prm_{tag}")
         accuracy = train_prm(prm_base, prm_train, prm_held, prm)
         print(f"\nT={t:g}, {a.labels} labels: PRM held-out step accuracy {accuracy:.3f}, "
@@ -220,12 +229,18 @@ def main() -> None:
             curves = {"outcome": grpo(policy, train, held, os.path.join(a.out, f"grpo_{tag}_{seed}_outcome"), t, seed),
                       "outcome + process": grpo(policy, train, held, os.path.join(a.out, f"grpo_{tag}_{seed}_process"),
                                                 t, seed, "--prm_model", prm)}
-            target = curves["outcome"][0][-1][1] - 0.05
-            for name, (curve, length) in curves.items():
-                # the accuracies are logged in float32: a tie with the target counts as reached
-                first = next((str(step) for step, acc in curve if acc >= target - 1e-6), "not reached")
-                print(f"| {seed} | {name} | {' '.join(f'{acc:.3f}' for _, acc in curve)} | {first} (target "
-                      f"{target:.3f}) | {length[0][1]:.1f} → {length[-1][1]:.1f} |", flush=True)
+            report(seed, curves)
+
+
+def report(seed: int, curves: dict[str, tuple]) -> None:
+    """One table row per arm: its held-out curve, the first step at the target (the outcome arm's final
+    accuracy less 0.05) and the answers' length at the first and last evaluation."""
+    target = curves["outcome"][0][-1][1] - 0.05
+    for name, (curve, length) in curves.items():
+        # the accuracies are logged in float32: a tie with the target counts as reached
+        first = next((str(step) for step, acc in curve if acc >= target - 1e-6), "not reached")
+        print(f"| {seed} | {name} | {' '.join(f'{acc:.3f}' for _, acc in curve)} | {first} (target "
+              f"{target:.3f}) | {length[0][1]:.1f} → {length[-1][1]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
