@@ -68,6 +68,11 @@ def write_task(out: str) -> tuple[str, str]:
         rows.append({"messages": [{"role": "user", "content": prompt},
                                   {"role": "assistant", "content": "\n".join(steps)}],
                      "solution": steps[-1].split("=")[1]})
+    return write_split(rows, out)
+
+
+def write_split(rows: list[dict], out: str) -> tuple[str, str]:
+    """`out`/train.jsonl and `out`/eval.jsonl: 500 rows held out by a fixed shuffle."""
     random.Random(0).shuffle(rows)
     paths = os.path.join(out, "train.jsonl"), os.path.join(out, "eval.jsonl")
     for path, part in zip(paths, (rows[500:], rows[:500])):

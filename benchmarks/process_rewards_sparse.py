@@ -31,7 +31,7 @@ import random
 
 from even_digits_reward import STEPS, even_steps
 from prm_learnability import majority_rate
-from process_rewards import COMMON, ROOT, grpo, label_samples, report, swift, train_prm
+from process_rewards import COMMON, ROOT, grpo, label_samples, report, swift, train_prm, write_split
 
 PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "even_digits_reward.py")
 
@@ -41,12 +41,7 @@ def write_task(out: str) -> tuple[str, str]:
     rows = [{"messages": [{"role": "user", "content": f"{n:04d}"},
                           {"role": "assistant", "content": "\n".join(str(rng.randrange(10)) for _ in range(STEPS))}]}
             for n in range(10000)]
-    random.Random(0).shuffle(rows)
-    paths = os.path.join(out, "train.jsonl"), os.path.join(out, "eval.jsonl")
-    for path, part in zip(paths, (rows[500:], rows[:500])):
-        with open(path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in part)
-    return paths
+    return write_split(rows, out)
 
 
 def main() -> None:
