@@ -379,12 +379,13 @@ class RlhfArguments:
             raise SwiftError("--rollout_importance_sampling_threshold must be positive")
         colocate_only = [f"--{name}" for name, default in COLOCATE_ENGINE_FLAGS.items()
                          if getattr(self, name) != default]
-        if self.server_mode and colocate_only:
+        if colocate_only and not (self.use_vllm and not self.server_mode):
             from swift.utils.logging import get_logger
 
-            get_logger(__name__).warning(
-                f"{', '.join(colocate_only)}: set the colocated engine; in server mode the engine is the rollout "
-                "server's, so give them to `swift rollout` instead (ignored here)")
+            where = ("the engine is the rollout server's: give them to `swift rollout`" if self.server_mode else
+                     "the built-in engine generates (--use_vllm false)")
+            get_logger(__name__).warning(f"{', '.join(colocate_only)} apply only to a colocated vLLM engine "
+                                         f"(--use_vllm true --vllm_mode colocate); ignored here, {where}")
 
     @property
     def server_mode(self) -> bool:

@@ -104,30 +104,40 @@ def test_vllm_server_base_url_sets_host_and_port():
                       vllm_server_base_url="https://10.0.0.5:8123/v1")
 
 
-def test_colocated_engine_flags_in_server_mode_are_named_as_ignored():
-    """--vllm_enforce_eager / --vllm_max_model_len / --vllm_gpu_memory_utilization set the engine `swift
-    rlhf` builds itself; with a rollout server they belong to `swift rollout`, and the trainer says so."""
+def test_colocated_engine_flags_are_named_as_ignored_where_no_colocated_vllm_runs():
+    """--vllm_enforce_eager / --vllm_max_model_len / --vllm_gpu_memory_utilization set the vLLM engine
+    `swift rlhf` builds itself; with a rollout server they belong to `swift rollout`, and with the
+    built-in engine to nothing, and the trainer says so (parsed as from the command line)."""
     import logging
 
+    from swift.arguments.parser import parse_args
     from swift.arguments.rlhf import RLHFArguments
 
     records = []
     handler = logging.Handler()
     handler.emit = records.append
     logging.getLogger("swift").addHandler(handler)
+    common = ["--model", "m", "--dataset", "d", "--rlhf_type", "grpo", "--reward_funcs", "accuracy"]
     try:
-        common = dict(model="m", dataset=["d"], rlhf_type="grpo", reward_funcs=["accuracy"], use_vllm=True,
-                      vllm_enforce_eager=True, vllm_max_model_len=512)
-        RLHFArguments(**common)  # colocate: they apply
-        assert not records
-        RLHFArguments(**common, vllm_mode="server")
-        RLHFArguments(model="m", dataset=["d"], rlhf_type="grpo", reward_funcs=["accuracy"], rollout_mode="server")
+        parse_args(RLHFArguments, [*common, "--use_vllm", "true", "--vllm_enforce_eager", "true",
+                                   "--vllm_max_model_len", "512", "--vllm_gpu_memory_utilization", "0.5"])
+        parse_args(RLHFArguments, [*common, "--use_vllm", "true", "--vllm_mode", "server",
+                                   "--vllm_gpu_memory_utilization", "0.30", "--vllm_enforce_eager", "false"])
+        assert not records  # colocated vLLM: they apply; in server mode, left at their defaults
+        parse_args(RLHFArguments, [*common, "--use_vllm", "true", "--vllm_mode", "server",
+                                   "--vllm_gpu_memory_utilization", "0.5", "--vllm_enforce_eager", "true"])
+        parse_args(RLHFArguments, [*common, "--rlhf_type", "ppo", "--rollout_mode", "server",
+                                   "--vllm_max_model_len", "512"])
+        parse_args(RLHFArguments, [*common, "--vllm_enforce_eager", "true"])
     finally:
         logging.getLogger("swift").removeHandler(handler)
     assert [r.getMessage() for r in records] == [
-        "--vllm_max_model_len, --vllm_enforce_eager: set the colocated engine; in server mode the engine is the "
-        "rollout server's, so give them to `swift rollout` instead (ignored here)"]
-
+        "--vllm_gpu_memory_utilization, --vllm_enforce_eager apply only to a colocated vLLM engine (--use_vllm true "
+        "--vllm_mode colocate); ignored here, the engine is the rollout server's: give them to `swift rollout`",
+        "--vllm_max_model_len apply only to a colocated vLLM engine (--use_vllm true --vllm_mode colocate); ignored "
+        "here, the engine is the rollout server's: give them to `swift rollout`",
+        "--vllm_enforce_eager apply only to a colocated vLLM engine (--use_vllm true --vllm_mode colocate); ignored "
+        "here, the built-in engine generates (--use_vllm false)"]
 
 
 @pytest.mark.parametrize("kwargs,message", [
