@@ -382,9 +382,10 @@ class RlhfArguments:
         if colocate_only and not (self.use_vllm and not self.server_mode):
             from swift.utils.logging import get_logger
 
-            where = ("the engine is the rollout server's: give them to `swift rollout`" if self.server_mode else
-                     "the built-in engine generates (--use_vllm false)")
-            get_logger(__name__).warning(f"{', '.join(colocate_only)} apply only to a colocated vLLM engine "
+            where = ("the engine is the rollout server's: give them to `swift rollout` (with vLLM)"
+                     if self.server_mode else "the built-in engine generates (--use_vllm false)")
+            verb = "apply" if len(colocate_only) > 1 else "applies"
+            get_logger(__name__).warning(f"{', '.join(colocate_only)} {verb} only to a colocated vLLM engine "
                                          f"(--use_vllm true --vllm_mode colocate); ignored here, {where}")
 
     @property

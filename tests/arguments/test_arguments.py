@@ -117,26 +117,27 @@ def test_colocated_engine_flags_are_named_as_ignored_where_no_colocated_vllm_run
     handler = logging.Handler()
     handler.emit = records.append
     logging.getLogger("swift").addHandler(handler)
-    common = ["--model", "m", "--dataset", "d", "--rlhf_type", "grpo", "--reward_funcs", "accuracy"]
+    common = ["--model", "m", "--dataset", "d", "--reward_funcs", "accuracy"]
     try:
-        parse_args(RLHFArguments, [*common, "--use_vllm", "true", "--vllm_enforce_eager", "true",
+        parse_args(RLHFArguments, [*common, "--rlhf_type", "grpo", "--use_vllm", "true", "--vllm_enforce_eager", "true",
                                    "--vllm_max_model_len", "512", "--vllm_gpu_memory_utilization", "0.5"])
-        parse_args(RLHFArguments, [*common, "--use_vllm", "true", "--vllm_mode", "server",
+        parse_args(RLHFArguments, [*common, "--rlhf_type", "grpo", "--use_vllm", "true", "--vllm_mode", "server",
                                    "--vllm_gpu_memory_utilization", "0.30", "--vllm_enforce_eager", "false"])
         assert not records  # colocated vLLM: they apply; in server mode, left at their defaults
-        parse_args(RLHFArguments, [*common, "--use_vllm", "true", "--vllm_mode", "server",
+        parse_args(RLHFArguments, [*common, "--rlhf_type", "grpo", "--use_vllm", "true", "--vllm_mode", "server",
                                    "--vllm_gpu_memory_utilization", "0.5", "--vllm_enforce_eager", "true"])
         parse_args(RLHFArguments, [*common, "--rlhf_type", "ppo", "--rollout_mode", "server",
                                    "--vllm_max_model_len", "512"])
-        parse_args(RLHFArguments, [*common, "--vllm_enforce_eager", "true"])
+        parse_args(RLHFArguments, [*common, "--rlhf_type", "grpo", "--vllm_enforce_eager", "true"])
     finally:
         logging.getLogger("swift").removeHandler(handler)
     assert [r.getMessage() for r in records] == [
         "--vllm_gpu_memory_utilization, --vllm_enforce_eager apply only to a colocated vLLM engine (--use_vllm true "
-        "--vllm_mode colocate); ignored here, the engine is the rollout server's: give them to `swift rollout`",
-        "--vllm_max_model_len apply only to a colocated vLLM engine (--use_vllm true --vllm_mode colocate); ignored "
-        "here, the engine is the rollout server's: give them to `swift rollout`",
-        "--vllm_enforce_eager apply only to a colocated vLLM engine (--use_vllm true --vllm_mode colocate); ignored "
+        "--vllm_mode colocate); ignored here, the engine is the rollout server's: give them to `swift rollout` (with "
+        "vLLM)",
+        "--vllm_max_model_len applies only to a colocated vLLM engine (--use_vllm true --vllm_mode colocate); ignored "
+        "here, the engine is the rollout server's: give them to `swift rollout` (with vLLM)",
+        "--vllm_enforce_eager applies only to a colocated vLLM engine (--use_vllm true --vllm_mode colocate); ignored "
         "here, the built-in engine generates (--use_vllm false)"]
 
 
