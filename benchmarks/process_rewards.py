@@ -200,6 +200,17 @@ def grpo(policy: str, train: str, held: str, out: str, temperature: float, seed:
     return logged(out, f"eval_rewards/{metric}/mean"), logged(out, "eval_completions/mean_length")
 
 
+def report(seed: int, curves: dict[str, tuple]) -> None:
+    """One table row per arm: its held-out curve, the first step at the target (the outcome arm's final
+    accuracy less 0.05) and the answers' length at the first and last evaluation."""
+    target = curves["outcome"][0][-1][1] - 0.05
+    for name, (curve, length) in curves.items():
+        # the accuracies are logged in float32: a tie with the target counts as reached
+        first = next((str(step) for step, acc in curve if acc >= target - 1e-6), "not reached")
+        print(f"| {seed} | {name} | {' '.join(f'{acc:.3f}' for _, acc in curve)} | {first} (target "
+              f"{target:.3f}) | {length[0][1]:.1f} → {length[-1][1]:.1f} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quickstart", default=os.path.join(ROOT, "output", "quickstart"))
@@ -235,17 +246,6 @@ def main() -> None:
                       "outcome + process": grpo(policy, train, held, os.path.join(a.out, f"grpo_{tag}_{seed}_process"),
                                                 t, seed, "--prm_model", prm)}
             report(seed, curves)
-
-
-def report(seed: int, curves: dict[str, tuple]) -> None:
-    """One table row per arm: its held-out curve, the first step at the target (the outcome arm's final
-    accuracy less 0.05) and the answers' length at the first and last evaluation."""
-    target = curves["outcome"][0][-1][1] - 0.05
-    for name, (curve, length) in curves.items():
-        # the accuracies are logged in float32: a tie with the target counts as reached
-        first = next((str(step) for step, acc in curve if acc >= target - 1e-6), "not reached")
-        print(f"| {seed} | {name} | {' '.join(f'{acc:.3f}' for _, acc in curve)} | {first} (target "
-              f"{target:.3f}) | {length[0][1]:.1f} → {length[-1][1]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
