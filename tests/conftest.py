@@ -2,10 +2,67 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
+from tests.built import built, key_of
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The suite runs on every core with pytest-xdist (`-n auto`, set in pyproject.toml). Each worker, and
+# every process it starts, gets its share of the cores as intra-op threads: one each on a 2-core
+# machine, where that ran the suite faster than two threads per worker (docs/benchmarks.md). Set
+# before torch is imported; a test that starts 2-rank runs sets its own.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+
+# xdist groups (`--dist loadgroup`): the tests of one group run one after another on one worker.
+# Node-id prefix -> group. "ranks": runs of 2 ranks (or 2 nodes) on this machine's 2 cores; the others
+# share a module-scoped server or run that would otherwise be started once per worker.
+GROUPS = {
+    "tests/pipelines/test_sharding.py": "ranks",
+    "tests/pipelines/test_two_ranks.py": "ranks",
+    "tests/pipelines/test_multi_node.py": "ranks",
+    "tests/pipelines/test_train.py::test_two_rank_ddp_ends_in_sync": "ranks",
+    "tests/eval/test_train_eval.py::test_two_ranks_share_the_questions": "ranks",
+    "tests/cli/test_ms_swift_replay.py": "replay",  # its lines run two at a time
+    "tests/deploy/test_completions.py": "completions",
+    "tests/deploy/test_hostile.py": "hostile",
+    "tests/deploy/test_server.py": "deploy_server",
+    "tests/rollout/test_server.py": "rollout_server",
+    "tests/eval/test_sample.py": "sample",
+    "tests/infer/test_transformers_engine.py": "engine",
+}
+
+
+def pytest_configure(config):
+    # `swift <command> --help` keeps its text in SWIFT_CACHE_HOME: here, not the user's ~/.cache
+    os.environ["SWIFT_CACHE_HOME"] = str(config.cache.mkdir("swift-home"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order the run for two workers: the quickstart's own check first (it builds the model that
+    later checks start from), then the long groups and slow checks that do not need that model,
+    the other independent tests, and last the tests that start from the quickstart, slow ones first.
+    A worker that reaches a quickstart test early waits on the build's file lock (tests/built.py)."""
+    for item in items:
+        group = next((g for prefix, g in GROUPS.items() if item.nodeid.startswith(prefix)), None)
+        if item.get_closest_marker("vllm"):  # one vLLM engine at a time: each takes every core
+            group = "vllm"
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(item) -> int:
+        if item.nodeid.endswith("test_quickstart.py::test_quickstart_learns_addition"):
+            return 0
+        later = 4 if "quickstart" in item.fixturenames else 1
+        if item.get_closest_marker("xdist_group"):
+            return later
+        return later + (1 if item.get_closest_marker("slow") else 2)
+
+    items.sort(key=rank)  # stable: collection order within a rank
 
 
 @pytest.fixture(scope="session")
@@ -41,9 +98,19 @@ def train_argv(output_dir, *extra: str) -> list[str]:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def build_cache(config) -> Path:
+    """Where `tests/built.py` keeps what it builds: pytest's cache folder (`--cache-clear` empties it)."""
+    return Path(str(config.cache.mkdir("swift-built")))
+
+
+def quickstart_key() -> str:
+    return key_of(files=("examples/quickstart.sh",))
+
+
 @pytest.fixture(scope="session")
-def quickstart(tmp_path_factory):
-    """examples/quickstart.sh (pt then sft on built-in arithmetic), run once per test session.
+def quickstart(request):
+    """examples/quickstart.sh (pt then sft on built-in arithmetic), run once for all workers and kept
+    for later runs while the code that trains it is unchanged (tests/built.py).
 
     Returns (its stdout, its output dir); learning checks of later stages (DPO, RM, GRPO) start
     from `<dir>/sft`. Set SWIFT_TEST_QUICKSTART to an existing output dir to reuse one."""
@@ -52,18 +119,17 @@ def quickstart(tmp_path_factory):
     reuse = os.environ.get("SWIFT_TEST_QUICKSTART")
     if reuse and os.path.exists(os.path.join(reuse, "sft", "result.json")):
         return None, reuse
-    out = tmp_path_factory.mktemp("quickstart") / "qs"
-    proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "quickstart.sh")], cwd=out.parent,
-                          env={**os.environ, "OUT": str(out)}, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, str(out)
+
+    def build(out: Path) -> None:
+        proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "quickstart.sh")], cwd=out,
+                              env={**os.environ, "OUT": str(out / "qs")}, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (out / "stdout.txt").write_text(proc.stdout)
+
+    out = built(build_cache(request.config), "quickstart", quickstart_key(), build)
+    return (out / "stdout.txt").read_text(), str(out / "qs")
 
 
 # a reward that varies between completions (tests/plugins/text_length_reward.py)
 TEXT_LENGTH = ["--reward_funcs", "text_length", "--external_plugins",
                os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins", "text_length_reward.py")]
-
-# tests run by hand (SWIFT_TEST_BY_HAND=1) because CI's 60-minute budget has no room for them; README's
-# "Verified on" table says which and when they were run
-BY_HAND = pytest.mark.skipif(not os.environ.get("SWIFT_TEST_BY_HAND"),
-                             reason="run by hand (SWIFT_TEST_BY_HAND=1): CI's 60-minute budget has no room for it")

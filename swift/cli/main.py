@@ -36,7 +36,9 @@ ARGUMENT_CLASSES = {
     "merge-lora": "swift.pipelines.merge_lora:MergeLoraArguments",
 }
 DISTRIBUTED_COMMANDS = {"pt", "sft", "rlhf"}
-LAUNCH_ENV = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+LAUNCH_ENV = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_TIMEOUT")
+# seconds the nodes wait for each other to join (torchrun's static rendezvous; its own default)
+DEFAULT_RDZV_TIMEOUT = "600"
 
 
 def _import(path: str):
@@ -58,8 +60,21 @@ def torchrun_command(command: str, argv: list[str], env: dict[str, str]) -> list
               "--nnodes", env.get("NNODES", "1"),
               "--node_rank", env.get("NODE_RANK", "0"),
               "--master_addr", env.get("MASTER_ADDR", "127.0.0.1"),
-              "--master_port", env.get("MASTER_PORT", "29500")]
+              "--master_port", env.get("MASTER_PORT", "29500"),
+              "--rdzv_conf", f"timeout={env.get('RDZV_TIMEOUT', DEFAULT_RDZV_TIMEOUT)}"]
     return launch + ["-m", "swift.cli.main", command, *argv]
+
+
+def launch(command: str, argv: list[str], env: dict[str, str]) -> int:
+    """Run this command under torchrun; on a failed run of several nodes, end with one line saying so
+    (above it, torchrun's report and the failing rank's own error)."""
+    code = subprocess.call(torchrun_command(command, argv, env))
+    nodes = int(env.get("NNODES", "1"))
+    if code != 0 and nodes > 1:
+        print(f"swift {command}: error: node {env.get('NODE_RANK', '0')} of {nodes} ends (exit code {code}): a rank "
+              f"failed, or a node died or did not join within RDZV_TIMEOUT={env.get('RDZV_TIMEOUT', DEFAULT_RDZV_TIMEOUT)} s "
+              f"(master {env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')})", file=sys.stderr)
+    return code
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,18 +95,18 @@ def main(argv: list[str] | None = None) -> None:
     env = os.environ
     launched = "LOCAL_RANK" in env  # already a torchrun worker
     if command in DISTRIBUTED_COMMANDS and not launched and ("NPROC_PER_NODE" in env or "NNODES" in env):
-        raise SystemExit(subprocess.call(torchrun_command(command, rest, dict(env))))
+        raise SystemExit(launch(command, rest, dict(env)))
     run(command, rest)
 
 
 def run(command: str, argv: list[str]) -> None:
-    from swift.arguments.parser import ArgumentError, print_help
-    from swift.utils.registry import SwiftError
-
     prog = f"swift {command}"
     if "-h" in argv or "--help" in argv:
-        print_help(_import(ARGUMENT_CLASSES[command]), prog)
+        print(help_text(command), end="")
         raise SystemExit(0)
+    from swift.arguments.parser import ArgumentError
+    from swift.utils.registry import SwiftError
+
     try:
         _import(ROUTE_MAPPING[command][0])(argv)
         _leave_process_group()
@@ -104,6 +119,55 @@ def run(command: str, argv: list[str]) -> None:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+# what `swift <command> --help` prints depends on these packages' versions (the training commands'
+# flags include transformers' TrainingArguments) besides the swift package's own files
+HELP_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate")
+
+
+def help_text(command: str) -> str:
+    """`swift <command> --help`'s text. Making it imports the command's argument classes (torch and
+    transformers: seconds); it is kept in the user's cache (`$SWIFT_CACHE_HOME`, else
+    `$XDG_CACHE_HOME/swift`, else `~/.cache/swift`) under a key of everything it is made from: the
+    swift package's files (path, size, mtime), the versions of HELP_PACKAGES, the Python version and
+    the terminal width. A later call with the same key prints the kept text without those imports."""
+    import hashlib
+    import shutil
+    from importlib.metadata import PackageNotFoundError, version
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256(f"{command}\0{sys.version}\0{shutil.get_terminal_size().columns}".encode())
+    for package in HELP_PACKAGES:
+        try:
+            h.update(f"\0{package}={version(package)}".encode())
+        except PackageNotFoundError:
+            h.update(f"\0{package}=-".encode())
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            st = os.stat(os.path.join(folder, name))
+            h.update(f"\0{os.path.relpath(os.path.join(folder, name), root)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    base = os.environ.get("SWIFT_CACHE_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "swift")
+    path = os.path.join(base, "help", f"{command}-{h.hexdigest()[:20]}.txt")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        pass
+    from swift.arguments.parser import build_parser
+
+    text = build_parser(_import(ARGUMENT_CLASSES[command]), f"swift {command}").format_help()
+    try:  # a read-only or full cache only costs the next call its imports
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return text
 
 
 def _leave_process_group() -> None:

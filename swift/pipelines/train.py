@@ -188,7 +188,8 @@ class TrainPipeline:
         result = {
             "output_dir": out,
             "model_dir": out,
-            "last_checkpoint": get_last_checkpoint(out),
+            # a node other than the first has no output directory of its own (only global rank 0 saves)
+            "last_checkpoint": get_last_checkpoint(out) if os.path.isdir(out) else None,
             "best_checkpoint": trainer.state.best_model_checkpoint,
             "global_step": trainer.state.global_step,
             "metrics": metrics,

@@ -20,6 +20,27 @@ def test_command_help_lists_flags_with_defaults():
     assert "--truncation_strategy" in out.stdout and "--learning_rate" in out.stdout
 
 
+def test_command_help_is_kept_and_reprinted_without_the_imports(tmp_path):
+    """`swift <command> --help` is made once per key (the package's files, the libraries' versions,
+    the terminal width): a second call prints the same text without importing torch, and a
+    different key makes it anew."""
+    import os
+
+    env = {**os.environ, "SWIFT_CACHE_HOME": str(tmp_path), "COLUMNS": "100"}
+    code = ("import sys\nfrom swift.cli.main import help_text\nprint(help_text('rlhf'), end='')\n"
+            "print('torch' in sys.modules)")
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert first.returncode == second.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.endswith("True\n") and second.stdout.endswith("False\n")
+    assert first.stdout[:-5] == second.stdout[:-6] and "--rlhf_type" in second.stdout
+    assert len(os.listdir(tmp_path / "help")) == 1
+    wider = subprocess.run([sys.executable, "-m", "swift", "rlhf", "--help"], capture_output=True, text=True,
+                           env={**env, "COLUMNS": "160"})
+    assert wider.returncode == 0 and len(os.listdir(tmp_path / "help")) == 2
+    assert wider.stdout != second.stdout[:-6] and "--rlhf_type" in wider.stdout  # wrapped at 160 columns
+
+
 def test_unknown_command_and_flag_exit_2_with_one_line():
     out = swift("stf")
     assert out.returncode == 2

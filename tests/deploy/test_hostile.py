@@ -4,6 +4,7 @@ communicator belongs to the trainer that opened it, and a soak with clients that
 nothing."""
 import asyncio
 import json
+import os
 import threading
 import time
 
@@ -18,6 +19,7 @@ from swift.utils.registry import SwiftError
 from tests.deploy.serving import rss_bytes, start, stop
 
 KEY = "sk-hostile"
+SLOW_DECODE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins", "slow_decode.py")
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_BYTES = 65536
 
@@ -320,17 +322,22 @@ def test_soak_1000_requests_with_walkaways(deploy_server):
 def test_a_rollout_request_past_its_timeout_leaves_the_server_working():
     """A /generate/ that outlives --request_timeout gets 504; the worker finishes it and drops the
     result, and the server then answers again (the late result must not break its bookkeeping)."""
-    base, proc = start("rollout", "--model", "builtin:tiny-chat", "--request_timeout", "1", health="/health/")
-    try:  # 16 rows of 480 tokens: many seconds of decoding on any CPU
-        heavy = requests.post(base + "/generate/", json={"prompts": [f"{i}+{i}=" for i in range(8)], "n": 2,
-                                                          "max_tokens": 480, "temperature": 1.0}, timeout=60)
+    base, proc = start("rollout", "--model", "builtin:tiny-chat", "--request_timeout", "1", "--external_plugins",
+                       SLOW_DECODE, health="/health/")
+    try:  # 4 rows of up to 240 tokens, each decode step held ≥ 20 ms by the plugin: seconds on any CPU
+        heavy = requests.post(base + "/generate/", json={"prompts": ["1+1=", "2+2="], "n": 2, "max_tokens": 240,
+                                                          "temperature": 1.0, "seed": 0}, timeout=60)
         assert heavy.status_code == 504 and heavy.json()["error"]["code"] == "timeout"
-        deadline = time.time() + 240
+        deadline, pause = time.time() + 240, 0.5
         while True:  # 504s while the worker still runs the abandoned request, then answers
             light = requests.post(base + "/generate/", json={"prompts": ["1+1="], "max_tokens": 2}, timeout=60)
             if light.status_code == 200:
                 break
             assert light.status_code == 504 and time.time() < deadline, light.text
+            # the worker also runs each timed-out light request (nothing cancels them yet): wait longer
+            # each time, so that on a loaded machine they drain instead of piling up behind each other
+            time.sleep(pause)
+            pause = min(2 * pause, 8)
         assert len(light.json()["completion_ids"]) == 1
         assert requests.get(base + "/health/").status_code == 200
     finally:

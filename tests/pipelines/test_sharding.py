@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import BY_HAND, TEXT_LENGTH, train_argv
+from tests.conftest import TEXT_LENGTH, train_argv
 
 try:
     import deepspeed  # noqa: F401
@@ -70,8 +70,7 @@ def shard_flags(preset: str) -> list[str]:
     return ["--deepspeed", preset]
 
 
-# pt trains with sft's trainer (only its labels differ): its ZeRO-3 case is run by hand
-@pytest.mark.parametrize("case,preset", [pytest.param("pt", "zero3", marks=BY_HAND), ("sft", "zero2"),
+@pytest.mark.parametrize("case,preset", [("pt", "zero3"), ("sft", "zero2"),
                                          ("sft", "zero1+ga"), ("dpo", "zero3"), ("grpo_full", "zero3"), ("grpo_lora", "zero3"),
                                          ("sft", "fsdp2+ga"), ("sft_lora", "fsdp2"), ("dpo", "fsdp2"),
                                          ("grpo_lora", "fsdp2")])

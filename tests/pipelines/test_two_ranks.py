@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import BY_HAND, TEXT_LENGTH, train_argv
+from tests.conftest import TEXT_LENGTH, train_argv
 
 
 def run(out, nproc: int, batch: int, *extra, lr: str = "0.1") -> tuple[list[dict], dict]:
@@ -59,7 +59,7 @@ def test_grpo_batch_statistics_are_the_global_batch_s(tmp_path, quickstart):
     assert logs[0]["loss"] != 0  # the advantages are not all zero
 
 
-@pytest.mark.parametrize("backbone", ["separate", pytest.param("shared", marks=BY_HAND)])
+@pytest.mark.parametrize("backbone", ["separate", "shared"])
 def test_ppo_policy_and_critic_match_one_rank(tmp_path, quickstart, backbone):
     # greedy rollouts of the quickstart's sft model (as above); the critic (a separate model, or a
     # value head on the policy's backbone) has its gradients averaged over ranks by the trainer: its

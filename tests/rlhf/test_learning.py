@@ -13,6 +13,8 @@ import os
 import pytest
 
 from swift.pipelines.rlhf import rlhf_main
+from tests.built import built, key_of
+from tests.conftest import build_cache, quickstart_key
 
 pytestmark = pytest.mark.slow
 DEFAULT_SEED = 42
@@ -107,10 +109,17 @@ def test_dpo_reaches_90_percent_held_out_preference_accuracy(quickstart, tmp_pat
     assert dpo_figure(quickstart[1], tmp_path) >= 0.9
 
 
-@pytest.fixture(scope="module")
-def reward_model(quickstart, tmp_path_factory) -> dict:
-    """rm_figure's run, shared by its check and the PPO-with-a-reward-model check."""
-    return rm_run(quickstart[1], tmp_path_factory.mktemp("rm"))
+@pytest.fixture(scope="session")
+def reward_model(quickstart, request) -> dict:
+    """rm_figure's run, shared by its check and the PPO-with-a-reward-model check: built once for
+    all workers, and kept for later runs while its code, recipe and start are unchanged."""
+    def build(out):
+        result = rm_run(quickstart[1], out / "rm")
+        (out / "result.json").write_text(json.dumps({"metrics": result["metrics"], "model_dir": result["model_dir"]}))
+
+    out = built(build_cache(request.config), "reward-model",
+                key_of(quickstart_key(), files=("tests/rlhf/test_learning.py",)), build)
+    return json.loads((out / "result.json").read_text())
 
 
 def test_reward_model_reaches_90_percent_held_out_pairwise_accuracy(reward_model):

@@ -1,0 +1,71 @@
+"""Build expensive test inputs (trained start models) once, for every xdist worker and later runs.
+
+`built(cache_dir, name, key, build)` returns a directory that `build(directory)` filled. The first
+caller builds it under a file lock while the others wait; later callers, in this run or a later one
+in the same checkout, reuse it as long as its key is the same. The key is made by `key_of` from the
+code that trains it (every file of the `swift` package, the scripts named), its flags and the
+environment that changes its numbers (the CPU kernel settings), so a changed file rebuilds what it
+trains and nothing else. A reused directory is checked against the manifest written when it was
+built: a test that wrote into it makes the next caller build it again rather than start from an
+altered model.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock
+
+ROOT = Path(__file__).resolve().parent.parent
+# environment variables that change what a training run computes
+KERNEL_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS")
+MANIFEST = ".built.json"
+
+
+def key_of(*parts: str, files: tuple[str, ...] = ()) -> str:
+    """A digest of the swift package's files, the given files (paths from the repo root), the given
+    strings, the installed torch/transformers versions and the kernel settings."""
+    from importlib.metadata import version
+
+    h = hashlib.sha256()
+    package = sorted(p for p in (ROOT / "swift").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for path in [*package, *(ROOT / f for f in files)]:
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for part in [*parts, version("torch"), version("transformers"), *(f"{k}={os.environ.get(k)}" for k in KERNEL_ENV)]:
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _manifest(directory: Path) -> dict[str, list[int]]:
+    return {str(p.relative_to(directory)): [p.stat().st_size, p.stat().st_mtime_ns]
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
+
+
+def _intact(directory: Path) -> bool:
+    try:
+        return json.loads((directory / MANIFEST).read_text()) == _manifest(directory)
+    except (OSError, ValueError):
+        return False
+
+
+def built(cache_dir: Path, name: str, key: str, build: Callable[[Path], None]) -> Path:
+    """`cache_dir/name-key`, built by `build` unless an intact one is there; other keys of `name`
+    (builds of older code) are removed when a new one is built."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    directory = cache_dir / f"{name}-{key}"
+    if _intact(directory):
+        return directory
+    with FileLock(str(cache_dir / f"{name}.lock")):
+        if _intact(directory):  # another worker built it while this one waited
+            return directory
+        for old in cache_dir.glob(f"{name}-*"):
+            if old.is_dir():
+                shutil.rmtree(old)
+        directory.mkdir()
+        build(directory)
+        (directory / MANIFEST).write_text(json.dumps(_manifest(directory)))
+    return directory
