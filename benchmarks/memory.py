@@ -164,7 +164,11 @@ def child(side: str, task: str, model_dir: str, a) -> dict:
             before = rss_gb()
             trainer.train()
         steps = [b - a_ for a_, b in zip(timer.marks[1:], timer.marks[2:])]
+        import torch
+
+        gpu = torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None
         return {"peak_gb": peak_gb(), "before_gb": before, "step_s": statistics.median(steps) if steps else None,
+                "peak_gpu_gb": gpu,
                 "resolved": {k: str(v) for k, v in resolved(trainer).items()}}
 
 
@@ -194,23 +198,28 @@ def main() -> None:
         results = {(task, side): measure(side, task, model_dir, a) for task in a.only for side in ("trl", "swift")}
     print(f"\nQwen2 with a {VOCAB:,}-token vocabulary, body {BODY}, {a.rows} sequences × {a.length} tokens per "
           f"step, {a.steps} steps per run\n")
-    print("| step | trainer | peak RSS GB | before training GB | peak − before GB | s/step | peak ratio | speed ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| step | trainer | peak RSS GB | before training GB | peak − before GB | peak GPU GB | s/step | peak ratio "
+          "| speed ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for task in a.only:
         trl, ours = results[(task, "trl")], results[(task, "swift")]
         for name, r in (("TRL", trl), ("swift", ours)):
             if "error" in r:
-                print(f"| {task} | {name} | failed: {r['error'][:80]} (exit {r['code']}) | | | | | |")
+                print(f"| {task} | {name} | failed: {r['error'][:80]} (exit {r['code']}) | | | | | | |")
                 continue
-            ratio = r["peak_gb"] / trl["peak_gb"] if "error" not in trl else float("nan")
+            gpu = r.get("peak_gpu_gb") is not None
+            key = "peak_gpu_gb" if gpu else "peak_gb"  # on a GPU the ratio is of GPU memory
+            ratio = r[key] / trl[key] if "error" not in trl else float("nan")
             speed = trl["step_s"] / r["step_s"] if "error" not in trl and r["step_s"] and trl["step_s"] else float("nan")
             print(f"| {task} | {name} | {r['peak_gb']:.2f} | {r['before_gb']:.2f} | {r['peak_gb'] - r['before_gb']:.2f}"
-                  f" | {r['step_s'] or float('nan'):.2f} | {ratio:.2f} | {speed:.2f} |")
+                  f" | {f'{r[key]:.2f}' if gpu else '–'} | {r['step_s'] or float('nan'):.2f} | {ratio:.2f}"
+                  f" | {speed:.2f} |")
     for task in a.only:
         shared, swift, trl = settings(task, a)
         print_config(shared, {f"swift ({task})": swift, f"TRL ({task})": trl},
                      ["peak RSS: ru_maxrss of a fresh process per trainer; before training: VmRSS after the "
-                      "model, reference and data are loaded.",
+                      "model, reference and data are loaded; peak GPU: torch.cuda.max_memory_allocated (on a GPU "
+                      "the peak ratio is of it).",
                       "GRPO: β 0 on both sides (no reference model); completions run to the length limit.",
                       "swift computes log-probs from hidden states in chunks of positions "
                       "(`swift.rlhf.logps.head_logps`); TRL materialises the logits."],

@@ -14,9 +14,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # every process it starts, gets its share of the cores as intra-op threads: one each on a 2-core
 # machine, where that ran the suite faster than two threads per worker (docs/benchmarks.md). Set
 # before torch is imported; a test that starts 2-rank runs sets its own.
+# CORE_SHARE: the cores this worker may keep busy (all of them without xdist).
+CORE_SHARE = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    _share = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
-    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    os.environ.setdefault("OMP_NUM_THREADS", str(CORE_SHARE))
 
 # xdist groups (`--dist loadgroup`): the tests of one group run one after another on one worker.
 # Node-id prefix -> group. "ranks": runs of 2 ranks (or 2 nodes) on this machine's 2 cores; the others
@@ -42,6 +43,13 @@ def pytest_configure(config):
     os.environ["SWIFT_CACHE_HOME"] = str(config.cache.mkdir("swift-home"))
 
 
+# the longest tests and groups, longest first (worker-seconds in a run on 2 cores, 2026-11-26: the
+# ranks group 1,110, the learning checks 600, the replay 290, iterative DPO 290, sample 300)
+LONGEST = ["tests/pipelines/test_sharding.py", "tests/test_iterative_dpo.py", "tests/rlhf/test_learning.py",
+           "tests/eval/test_sample.py", "tests/cli/test_ms_swift_replay.py", "tests/rollout/test_server.py"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Order the run for two workers: the quickstart's own check first (it builds the model that
     later checks start from), then the long groups and slow checks that do not need that model,
@@ -54,13 +62,16 @@ def pytest_collection_modifyitems(config, items):
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
 
-    def rank(item) -> int:
+    def rank(item) -> tuple[int, int]:
         if item.nodeid.endswith("test_quickstart.py::test_quickstart_learns_addition"):
-            return 0
+            return 0, 0
         later = 4 if "quickstart" in item.fixturenames else 1
         if item.get_closest_marker("xdist_group"):
-            return later
-        return later + (1 if item.get_closest_marker("slow") else 2)
+            kind = later
+        else:
+            kind = later + (1 if item.get_closest_marker("slow") else 2)
+        # within a kind, the longest first (so that no long test is left for one worker at the end)
+        return kind, next((i for i, prefix in enumerate(LONGEST) if item.nodeid.startswith(prefix)), len(LONGEST))
 
     items.sort(key=rank)  # stable: collection order within a rank
 

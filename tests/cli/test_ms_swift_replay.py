@@ -15,6 +15,7 @@ import pytest
 from swift.arguments.parser import ArgumentError, parse_args
 from swift.cli.main import ARGUMENT_CLASSES, _import
 from swift.utils.registry import SwiftError
+from tests.conftest import CORE_SHARE
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "data", "ms_swift_commands.txt")
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "data", "ms_swift_configs")  # the YAML files lines name
@@ -109,9 +110,9 @@ def test_at_least_40_lines_are_run():
 
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
-    """Every line of RUN, each in its own `swift` process with one thread, two at a time (the lines
-    are independent; each process mostly builds a tiny model and trains a step, so two fill two
-    cores). The processes are forked from one that has imported the pipelines (`fork_runner.py`), so
+    """Every line of RUN, each in its own `swift` process with one thread, as many at a time as this
+    worker has cores (CORE_SHARE: the lines are independent; each process mostly builds a tiny model
+    and trains a step, so one per core fills them). The processes are forked from one that has imported the pipelines (`fork_runner.py`), so
     each line does not pay the imports again: {index: (its process's result, its output dir)}."""
     import sys
     from types import SimpleNamespace
@@ -119,7 +120,7 @@ def replayed(tmp_path_factory):
     outs = [tmp_path_factory.mktemp("replay") for _ in RUN]
     logs = [tmp_path_factory.mktemp("replay-logs") for _ in RUN]
     spec = tmp_path_factory.mktemp("replay-jobs") / "jobs.json"
-    spec.write_text(json.dumps({"jobs": 2, "dirs": [str(d) for d in logs],
+    spec.write_text(json.dumps({"jobs": CORE_SHARE, "dirs": [str(d) for d in logs],
                                 "lines": [[command, *on_this_machine(command, argv, out)]
                                           for (_, command, argv), out in zip(RUN, outs)]}))
     env = {k: v for k, v in os.environ.items() if k not in ("NPROC_PER_NODE", "NNODES")}

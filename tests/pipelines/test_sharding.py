@@ -70,10 +70,10 @@ def shard_flags(preset: str) -> list[str]:
     return ["--deepspeed", preset]
 
 
-@pytest.mark.parametrize("case,preset", [("pt", "zero3"), ("sft", "zero2"),
-                                         ("sft", "zero1+ga"), ("dpo", "zero3"), ("grpo_full", "zero3"), ("grpo_lora", "zero3"),
+@pytest.mark.parametrize("case,preset", [("pt", "zero3"), ("sft", "zero2"), ("sft", "zero1+ga"), ("dpo", "zero3"),
+                                         ("grpo_full", "zero3"), ("grpo_lora", "zero3"), ("pt", "fsdp2"),
                                          ("sft", "fsdp2+ga"), ("sft_lora", "fsdp2"), ("dpo", "fsdp2"),
-                                         ("grpo_lora", "fsdp2")])
+                                         ("grpo_full", "fsdp2"), ("grpo_lora", "fsdp2")])
 def test_sharded_run_equals_ddp(tmp_path, ddp, case, preset):
     command, extra = CASES[case]
     if preset.endswith("+ga"):  # half the micro-batch, two accumulation steps: the same global batch

@@ -1,0 +1,62 @@
+"""tests/built.py, which builds the suite's start models once for all xdist workers: two processes
+asking at once build once; a second run with the same key reuses the build; a new key, or a build
+that a test wrote into, is built again."""
+import os
+import subprocess
+import sys
+
+from tests.built import ROOT, built, key_of
+
+ASK = """
+import sys, time
+from pathlib import Path
+from tests.built import built
+
+def build(out):
+    with open(sys.argv[2], "a") as log:
+        log.write("built\\n")
+    time.sleep(2)  # long enough for the other process to ask meanwhile
+    (out / "model.txt").write_text("weights")
+
+print(built(Path(sys.argv[1]), "start", sys.argv[3], build))
+"""
+
+
+def ask(cache, log, key):
+    return subprocess.Popen([sys.executable, "-c", ASK, str(cache), str(log), key], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_two_processes_build_once_and_a_later_run_reuses_it(tmp_path):
+    log = tmp_path / "builds.log"
+    first, second = ask(tmp_path / "cache", log, "k1"), ask(tmp_path / "cache", log, "k1")
+    paths = {first.communicate()[0].strip(), second.communicate()[0].strip()}
+    assert first.returncode == second.returncode == 0
+    assert paths == {str(tmp_path / "cache" / "start-k1")}
+    assert log.read_text() == "built\n"
+    assert ask(tmp_path / "cache", log, "k1").communicate()[0].strip() in paths  # a later run
+    assert log.read_text() == "built\n"
+
+
+def test_a_new_key_or_an_altered_build_is_built_again(tmp_path):
+    calls = []
+
+    def build(out):
+        calls.append(out)
+        (out / "model.txt").write_text("weights")
+
+    one = built(tmp_path, "start", "k1", build)
+    (one / "model.txt").write_text("changed by a test")
+    assert built(tmp_path, "start", "k1", build) == one and len(calls) == 2
+    assert (one / "model.txt").read_text() == "weights"
+    two = built(tmp_path, "start", "k2", build)
+    assert len(calls) == 3 and two != one and not one.exists()  # the old key's build is removed
+
+
+def test_the_key_follows_the_code_the_flags_and_the_kernels(monkeypatch):
+    base = key_of("--lr 1e-3", files=("examples/quickstart.sh",))
+    assert key_of("--lr 1e-3", files=("examples/quickstart.sh",)) == base
+    assert key_of("--lr 2e-3", files=("examples/quickstart.sh",)) != base
+    assert key_of("--lr 1e-3", files=("examples/iterative_dpo.sh",)) != base
+    monkeypatch.setenv("MKL_CBWR", os.environ.get("MKL_CBWR", "") + "-other")
+    assert key_of("--lr 1e-3", files=("examples/quickstart.sh",)) != base
