@@ -153,8 +153,9 @@ def run_script(name: str, out: str, limit: int) -> tuple[bool, str]:
         return r["max_abs_diff"] < 2e-2, (f"max |diff| {r['max_abs_diff']:.2e}; forward+backward peak "
                                           f"{r['full_mib']:.0f} MiB full logits, {r['chunked_mib']:.0f} MiB chunked")
     task = name.split("_")[1]
+    length = "256" if task == "grpo" else "1024"  # GRPO's completions run to the limit: decoding dominates
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "memory.py"), "--only", task,
-                           "--length", "1024", "--rows", "8", "--steps", "3"], capture_output=True, text=True,
+                           "--length", length, "--rows", "8", "--steps", "3"], capture_output=True, text=True,
                           timeout=limit, cwd=out)
     rows = [x for x in proc.stdout.splitlines() if x.startswith(f"| {task} |")]
     with open(os.path.join(out, "memory.txt"), "w") as f:
@@ -172,6 +173,8 @@ def main() -> int:
     p.add_argument("--only", nargs="+", choices=[*PATHS, *SCRIPTS], help="run these paths only")
     p.add_argument("--out", help="keep each path's output here (default: a temporary directory)")
     p.add_argument("--limit", type=int, default=150, help="seconds one path may take")
+    p.add_argument("--budget", type=int, default=540,
+                   help="seconds for all paths: a path not started by then is skipped (the rows still print)")
     a = p.parse_args()
     import torch
 
@@ -180,13 +183,21 @@ def main() -> int:
         return 2
     device = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
     print(f"gpu_check on {device}", flush=True)
+    preflight = subprocess.run([sys.executable, "-c", "import transformers, datasets, peft, swift.pipelines.rlhf"],
+                               capture_output=True, text=True)
+    if preflight.returncode:
+        print("gpu_check: swift does not import here: " + (preflight.stderr.strip().splitlines() or ["?"])[-1])
+        return 1
     base = a.out or tempfile.mkdtemp(prefix="gpu_check-")
-    results = []
+    results, started = [], time.time()
     for name in a.only or [*PATHS, *SCRIPTS]:
         out = os.path.join(base, name)
         os.makedirs(out, exist_ok=True)
-        if name in NEEDS and not importable(NEEDS[name]):
-            results.append((name, "SKIP", 0.0, 0, f"{NEEDS[name]} is not installed (not carried: scripts/gpu_wheels.sh)"))
+        if time.time() - started > a.budget:
+            results.append((name, "SKIP", 0.0, 0, f"not started: the {a.budget} s budget was spent"))
+        elif name in NEEDS and not importable(NEEDS[name]):
+            results.append((name, "SKIP", 0.0, 0,
+                            f"{NEEDS[name]} is not installed (not carried: scripts/gpu_wheels.sh)"))
         else:
             start = time.time()
             with PeakMemory() as memory:
@@ -206,7 +217,10 @@ def main() -> int:
                     ok, detail = False, f"still running after {a.limit} s"
             results.append((name, "PASS" if ok else "FAIL", time.time() - start, memory.mib, detail))
         name, status, seconds, mib, detail = results[-1]
-        print(f"{status:4}  {name:14} {seconds:6.1f} s  peak {mib:6d} MiB  {detail}", flush=True)
+        line = f"{status:4}  {name:14} {seconds:6.1f} s  peak {mib:6d} MiB  {detail}"
+        print(line, flush=True)
+        with open(os.path.join(base, "results.txt"), "a") as f:  # kept if the whole call is cut short
+            f.write(line + "\n")
     day = time.strftime("%Y-%m-%d")
     print("\nVerified-on rows (README):\n")
     for name, status, seconds, mib, detail in results:

@@ -26,14 +26,18 @@ KERNEL_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS")
 MANIFEST = ".built.json"
 
 
+# the pinned versions of everything a training run uses
+PINS = ("pyproject.toml", "requirements/base.txt")
+
+
 def key_of(*parts: str, files: tuple[str, ...] = ()) -> str:
-    """A digest of the swift package's files, the given files (paths from the repo root), the given
-    strings, the installed torch/transformers versions and the kernel settings."""
+    """A digest of the swift package's files, the pins, the given files (paths from the repo root),
+    the given strings, the installed torch/transformers versions and the kernel settings."""
     from importlib.metadata import version
 
     h = hashlib.sha256()
     package = sorted(p for p in (ROOT / "swift").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    for path in [*package, *(ROOT / f for f in files)]:
+    for path in [*package, *(ROOT / f for f in (*PINS, *files))]:
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     for part in [*parts, version("torch"), version("transformers"), *(f"{k}={os.environ.get(k)}" for k in KERNEL_ENV)]:
         h.update(part.encode() + b"\0")
@@ -52,19 +56,23 @@ def _intact(directory: Path) -> bool:
         return False
 
 
-def built(cache_dir: Path, name: str, key: str, build: Callable[[Path], None]) -> Path:
-    """`cache_dir/name-key`, built by `build` unless an intact one is there; other keys of `name`
-    (builds of older code) are removed when a new one is built."""
+def built(cache_dir: Path, name: str, key: str, build: Callable[[Path], None], keep: int = 2,
+          wait: float = 3600) -> Path:
+    """`cache_dir/name-key`, built by `build` unless an intact one is there. Of the other keys of
+    `name` (older code, or other kernel settings) the newest `keep - 1` stay; a caller waits at most
+    `wait` seconds for another's build."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     directory = cache_dir / f"{name}-{key}"
     if _intact(directory):
         return directory
-    with FileLock(str(cache_dir / f"{name}.lock")):
+    with FileLock(str(cache_dir / f"{name}.lock"), timeout=wait):
         if _intact(directory):  # another worker built it while this one waited
             return directory
-        for old in cache_dir.glob(f"{name}-*"):
-            if old.is_dir():
-                shutil.rmtree(old)
+        if directory.exists():  # an interrupted or altered build
+            shutil.rmtree(directory)
+        others = sorted((p for p in cache_dir.glob(f"{name}-*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        for old in others[:max(0, len(others) - (keep - 1))]:
+            shutil.rmtree(old)
         directory.mkdir()
         build(directory)
         (directory / MANIFEST).write_text(json.dumps(_manifest(directory)))

@@ -49,6 +49,11 @@ LONGEST = ["tests/pipelines/test_sharding.py", "tests/test_iterative_dpo.py", "t
            "tests/eval/test_sample.py", "tests/cli/test_ms_swift_replay.py", "tests/rollout/test_server.py"]
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: the cores this process may run on (xdist itself counts the machine's)."""
+    return len(os.sched_getaffinity(0))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Order the run for two workers: the quickstart's own check first (it builds the model that
@@ -131,9 +136,10 @@ def quickstart(request):
     if reuse and os.path.exists(os.path.join(reuse, "sft", "result.json")):
         return None, reuse
 
-    def build(out: Path) -> None:
-        proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "quickstart.sh")], cwd=out,
-                              env={**os.environ, "OUT": str(out / "qs")}, capture_output=True, text=True)
+    def build(out: Path) -> None:  # the script's default seed, whatever SEED this shell has
+        env = {**{k: v for k, v in os.environ.items() if k != "SEED"}, "OUT": str(out / "qs")}
+        proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "quickstart.sh")], cwd=out, env=env,
+                              capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
         (out / "stdout.txt").write_text(proc.stdout)
 

@@ -50,7 +50,9 @@ def test_a_new_key_or_an_altered_build_is_built_again(tmp_path):
     assert built(tmp_path, "start", "k1", build) == one and len(calls) == 2
     assert (one / "model.txt").read_text() == "weights"
     two = built(tmp_path, "start", "k2", build)
-    assert len(calls) == 3 and two != one and not one.exists()  # the old key's build is removed
+    assert len(calls) == 3 and two != one and one.exists()  # the newest other key stays
+    built(tmp_path, "start", "k3", build)
+    assert len(calls) == 4 and two.exists() and not one.exists()  # older ones go
 
 
 def test_the_key_follows_the_code_the_flags_and_the_kernels(monkeypatch):

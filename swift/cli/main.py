@@ -37,7 +37,7 @@ ARGUMENT_CLASSES = {
 }
 DISTRIBUTED_COMMANDS = {"pt", "sft", "rlhf"}
 LAUNCH_ENV = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_TIMEOUT")
-# seconds the nodes wait for each other to join (torchrun's static rendezvous; its own default)
+# seconds the nodes wait for each other to join (`--rdzv_conf timeout=` of torchrun's static rendezvous)
 DEFAULT_RDZV_TIMEOUT = "600"
 
 
@@ -69,11 +69,13 @@ def launch(command: str, argv: list[str], env: dict[str, str]) -> int:
     """Run this command under torchrun; on a failed run of several nodes, end with one line saying so
     (above it, torchrun's report and the failing rank's own error)."""
     code = subprocess.call(torchrun_command(command, argv, env))
-    nodes = int(env.get("NNODES", "1"))
-    if code != 0 and nodes > 1:
+    nodes = env.get("NNODES", "1")  # a number, or torchrun's MIN:MAX
+    if code != 0 and nodes not in ("1", "1:1"):
+        timeout = env.get("RDZV_TIMEOUT", DEFAULT_RDZV_TIMEOUT)
+        master = f"{env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')}"
         print(f"swift {command}: error: node {env.get('NODE_RANK', '0')} of {nodes} ends (exit code {code}): a rank "
-              f"failed, or a node died or did not join within RDZV_TIMEOUT={env.get('RDZV_TIMEOUT', DEFAULT_RDZV_TIMEOUT)} s "
-              f"(master {env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')})", file=sys.stderr)
+              f"failed, or a node died or did not join within RDZV_TIMEOUT={timeout} s (master {master})",
+              file=sys.stderr)
     return code
 
 
@@ -143,11 +145,13 @@ def help_text(command: str) -> str:
             h.update(f"\0{package}={version(package)}".encode())
         except PackageNotFoundError:
             h.update(f"\0{package}=-".encode())
-    for folder, dirs, files in sorted(os.walk(root)):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            st = os.stat(os.path.join(folder, name))
-            h.update(f"\0{os.path.relpath(os.path.join(folder, name), root)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    sources = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]  # bytecode written by this very call changes nothing
+        sources += [os.path.join(folder, name) for name in files]
+    for path in sorted(sources):
+        st = os.stat(path)
+        h.update(f"\0{os.path.relpath(path, root)}:{st.st_size}:{st.st_mtime_ns}".encode())
     base = os.environ.get("SWIFT_CACHE_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "swift")
     path = os.path.join(base, "help", f"{command}-{h.hexdigest()[:20]}.txt")
@@ -160,7 +164,11 @@ def help_text(command: str) -> str:
 
     text = build_parser(_import(ARGUMENT_CLASSES[command]), f"swift {command}").format_help()
     try:  # a read-only or full cache only costs the next call its imports
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        for old in os.listdir(folder):  # this command's texts of other keys are out of date
+            if old.startswith(f"{command}-") and old.endswith(".txt"):
+                os.remove(os.path.join(folder, old))
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)

@@ -33,8 +33,12 @@ def launch(out, node: int | None, port: int, command: str, *extra: str, steps: i
                                                                     NPROC_PER_NODE="1")
     argv = train_argv(out, "--optim", "sgd", "--learning_rate", "0.1", "--lr_scheduler_type", "constant",
                       "--max_steps", str(steps), *extra)
-    return subprocess.Popen([sys.executable, "-m", "swift", command, *argv], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    log = f"{out}.node{node}.stderr"  # a file, not a pipe: a node never stalls on output nobody reads
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "swift", command, *argv], env=env, stdout=subprocess.DEVNULL,
+                                stderr=err)
+    proc.log = log
+    return proc
 
 
 def kill_node(proc: subprocess.Popen) -> None:
@@ -60,12 +64,11 @@ def kill_node(proc: subprocess.Popen) -> None:
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
     try:
-        _, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_node(proc)
-        _, err = proc.communicate()
-        pytest.fail(f"still running after {timeout} s: {err[-3000:]}")
-    return proc.returncode, err
+        pytest.fail(f"still running after {timeout} s: {open(proc.log).read()[-3000:]}")
+    return proc.returncode, open(proc.log).read()
 
 
 def results(out) -> tuple[list[dict], dict]:
@@ -81,9 +84,14 @@ def test_two_nodes_equal_one_node_with_two_ranks(tmp_path, case):
     assert code == 0, err[-6000:]
     port = free_port()
     nodes = [launch(tmp_path / f"node{n}", n, port, command, *extra) for n in (0, 1)]
-    for proc in nodes:
-        code, err = finish(proc)
-        assert code == 0, err[-6000:]
+    try:
+        for proc in nodes:
+            code, err = finish(proc)
+            assert code == 0, err[-6000:]
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                kill_node(proc)
     (one_logs, one), (two_logs, two) = results(tmp_path / "one"), results(tmp_path / "node0")
     assert not os.path.exists(tmp_path / "node1" / "model.safetensors")  # global rank 0 saves
     assert len(one_logs) == len(two_logs) == 2
@@ -125,4 +133,5 @@ def test_a_node_that_dies_mid_run_ends_the_other_with_one_line(tmp_path):
                 kill_node(proc)
     assert code != 0
     assert err.strip().splitlines()[-1].startswith("swift sft: error: node 0 of 2 ends (exit code "), err[-3000:]
+    assert "Connection closed by peer" in err or "Connection reset by peer" in err, err[-3000:]  # the lost node
     assert time.time() - killed < 120

@@ -1,5 +1,5 @@
 """A test plugin that makes every decode step of the built-in engine take at least 20 ms, so a test
-that needs a request to outlive a timeout gets one on any CPU, however fast (480 tokens: ≥ 9.6 s)."""
+that needs a request to outlive a timeout gets one on any CPU, however fast (240 tokens: ≥ 4.8 s)."""
 import time
 
 from swift.infer.transformers_engine import TransformersEngine

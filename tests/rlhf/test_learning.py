@@ -110,16 +110,21 @@ def test_dpo_reaches_90_percent_held_out_preference_accuracy(quickstart, tmp_pat
 
 
 @pytest.fixture(scope="session")
-def reward_model(quickstart, request) -> dict:
+def reward_model(quickstart, request, tmp_path_factory) -> dict:
     """rm_figure's run, shared by its check and the PPO-with-a-reward-model check: built once for
     all workers, and kept for later runs while its code, recipe and start are unchanged."""
+    if os.environ.get("SWIFT_TEST_QUICKSTART"):  # another start than the one the key names: not kept
+        return rm_run(quickstart[1], tmp_path_factory.mktemp("rm"))
+
     def build(out):
         result = rm_run(quickstart[1], out / "rm")
-        (out / "result.json").write_text(json.dumps({"metrics": result["metrics"], "model_dir": result["model_dir"]}))
+        (out / "result.json").write_text(json.dumps({"metrics": result["metrics"],
+                                                      "model_dir": os.path.relpath(result["model_dir"], out)}))
 
     out = built(build_cache(request.config), "reward-model",
                 key_of(quickstart_key(), files=("tests/rlhf/test_learning.py",)), build)
-    return json.loads((out / "result.json").read_text())
+    result = json.loads((out / "result.json").read_text())
+    return {**result, "model_dir": str(out / result["model_dir"])}
 
 
 def test_reward_model_reaches_90_percent_held_out_pairwise_accuracy(reward_model):
