@@ -3,7 +3,7 @@
 `built(cache_dir, name, key, build)` returns a directory that `build(directory)` filled. The first
 caller builds it under a file lock while the others wait; later callers, in this run or a later one
 in the same checkout, reuse it as long as its key is the same. The key is made by `key_of` from the
-code that trains it (every file of the `swift` package, the scripts named), its flags and the
+code that trains it (every file of the `swift` package, the pins, the scripts named), its flags and the
 environment that changes its numbers (the CPU kernel settings), so a changed file rebuilds what it
 trains and nothing else. A reused directory is checked against the manifest written when it was
 built: a test that wrote into it makes the next caller build it again rather than start from an
@@ -23,11 +23,9 @@ from filelock import FileLock
 ROOT = Path(__file__).resolve().parent.parent
 # environment variables that change what a training run computes
 KERNEL_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS")
-MANIFEST = ".built.json"
-
-
 # the pinned versions of everything a training run uses
 PINS = ("pyproject.toml", "requirements/base.txt")
+MANIFEST = ".built.json"
 
 
 def key_of(*parts: str, files: tuple[str, ...] = ()) -> str:

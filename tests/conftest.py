@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # The suite runs on every core with pytest-xdist (`-n auto`, set in pyproject.toml). Each worker, and
 # every process it starts, gets its share of the cores as intra-op threads: one each on a 2-core
-# machine, where that ran the suite faster than two threads per worker (docs/benchmarks.md). Set
+# machine, where that ran a sample of the suite faster than two threads per worker (docs/benchmarks.md). Set
 # before torch is imported; a test that starts 2-rank runs sets its own.
 # CORE_SHARE: the cores this worker may keep busy (all of them without xdist).
 CORE_SHARE = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
@@ -28,7 +28,7 @@ GROUPS = {
     "tests/pipelines/test_multi_node.py": "ranks",
     "tests/pipelines/test_train.py::test_two_rank_ddp_ends_in_sync": "ranks",
     "tests/eval/test_train_eval.py::test_two_ranks_share_the_questions": "ranks",
-    "tests/cli/test_ms_swift_replay.py": "replay",  # its lines run two at a time
+    "tests/cli/test_ms_swift_replay.py": "replay",  # its lines run CORE_SHARE at a time
     "tests/deploy/test_completions.py": "completions",
     "tests/deploy/test_hostile.py": "hostile",
     "tests/deploy/test_server.py": "deploy_server",
