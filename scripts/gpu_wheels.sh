@@ -5,6 +5,8 @@
 # there) into .gpu_wheels/ (git-ignored), carried with the call to that machine.
 #
 #   bash scripts/gpu_wheels.sh            download, then list what fits the carry budget
+#                                         (with the project's environment active: DeepSpeed's source
+#                                         archive needs its setuptools and wheel to read its metadata)
 #   bash scripts/gpu_wheels.sh --resolve  only check that every pinned name resolves (no download)
 #
 # Packages are in priority order; the carry budget (64 MiB for the working tree and the wheels

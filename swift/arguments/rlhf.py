@@ -29,7 +29,9 @@ class RlhfArguments:
                 "coefficient of the reward (ppo 0.05; also --kl_coef, OpenRLHF's --init_kl_coef)."})
     loss_type: list[str] | None = field(default=None, metadata={
         "help": "dpo: losses, summed: sigmoid (default), ipo, hinge, robust, bco_pair, sppo_hard, nca_pair, apo_zero, "
-                "apo_down. grpo: grpo (default), bnpo, dr_grpo, dapo (aggregations of the clipped loss), cispo, sapo. "
+                "apo_down. grpo: grpo (default), bnpo, dr_grpo, dapo (aggregations of the clipped loss), cispo, sapo; "
+                "bnpo alone is a token mean per micro-batch (TRL's meaning), so it changes with gradient "
+                "accumulation and ranks. "
                 "ppo: the same, default dapo (the token mean over the optimizer step); the value loss is "
                 "aggregated alike."})
     loss_weights: list[float] = field(default_factory=list, metadata={"help": "Weight of each --loss_type (default 1)."})

@@ -33,6 +33,17 @@ from swift.utils.registry import SwiftError
 logger = get_logger(__name__)
 
 
+def mixed_precision(training_args, dtype: torch.dtype) -> None:
+    """bf16 weights train with bf16 mixed precision, as with `--bf16 true`. Setting the flag after
+    `TrainingArguments` was built does not reach its `mixed_precision`, which the trainer's
+    accelerator reads, so both are set here. fp16 weights only set `fp16` (no autocast and no loss
+    scaler, which would refuse fp16 gradients); `--fp16 true` on the command line asks for both."""
+    training_args.fp16 = training_args.fp16 or dtype == torch.float16
+    if dtype == torch.bfloat16 and not training_args.fp16:
+        training_args.bf16 = True
+        training_args.mixed_precision = "bf16"
+
+
 class TrainPipeline:
     trainer_cls = SwiftTrainer
     task_types = ("causal_lm",)
@@ -47,8 +58,7 @@ class TrainPipeline:
             raise SwiftError(f"--task_type {a.task_type} is trained with `swift rlhf --rlhf_type rm|prm`; "
                              "sft/pt train causal_lm")
         dtype = resolve_dtype(a.torch_dtype)  # precision decided before DeepSpeed fills its "auto" values from it
-        a.training_args.bf16 = a.training_args.bf16 or dtype == torch.bfloat16
-        a.training_args.fp16 = a.training_args.fp16 or dtype == torch.float16
+        mixed_precision(a.training_args, dtype)
         a.training_args.enable_deepspeed()
         model, tokenizer, info = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
                                             torch_dtype=a.torch_dtype, attn_impl=a.attn_impl, task_type=a.task_type,
@@ -57,8 +67,7 @@ class TrainPipeline:
         if a.training_args.gradient_checkpointing and not model.supports_gradient_checkpointing:
             logger.info(f"gradient checkpointing is off: {type(model).__name__} does not support it")
             a.training_args.gradient_checkpointing = False
-        if model.dtype == torch.bfloat16:
-            a.training_args.bf16 = True
+        mixed_precision(a.training_args, model.dtype)
         if not torch.cuda.is_available():
             a.training_args.dataloader_pin_memory = False  # pinning needs an accelerator
         name = choose_template(a.template, a.model_type, info.model_type, tokenizer)

@@ -38,8 +38,8 @@ def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
 
 def _chunk_losses(student_hidden, teacher_hidden, targets, student_weight, student_bias, teacher_weight, teacher_bias,
                   beta: float, with_nll: bool):
-    student = F.linear(student_hidden, student_weight, student_bias)
-    teacher = F.linear(teacher_hidden, teacher_weight, teacher_bias)
+    student = F.linear(student_hidden.to(student_weight.dtype), student_weight, student_bias)  # as logps._project
+    teacher = F.linear(teacher_hidden.to(teacher_weight.dtype), teacher_weight, teacher_bias)
     jsd = generalized_jsd(student, teacher, beta)
     nll = F.cross_entropy(student.float(), targets, reduction="none") if with_nll else torch.zeros_like(jsd)
     return jsd, nll

@@ -22,7 +22,8 @@ Two loss types replace the clipped surrogate (ms-swift's and TRL's `--loss_type`
       `--epsilon_high` (an absolute cap on the weight, 5.0 when not given): clipped tokens keep a gradient.
   sapo (arXiv 2511.20347): ℓ_t = −(4/τ) σ(τ (w_t − 1)) A, τ = `--tau_pos` where A > 0 else `--tau_neg`:
       a soft gate whose gradient fades smoothly as w_t leaves 1.
-Aggregation (`--loss_type`): grpo and sapo = mean over each sequence's tokens then over sequences;
+Aggregation (`--loss_type`): grpo and sapo = mean over each sequence's tokens then over all sequences
+(those that carry no loss too, as TRL);
 bnpo = mean over the batch's tokens; dr_grpo = sum / (sequences × max_completion_length); dapo and
 cispo = sum / tokens in the global batch, i.e. all micro-batches and ranks of the optimizer step
 (arXiv 2503.14476; the trainer passes that count as `num_items_in_batch`).
@@ -109,13 +110,11 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile:
     return (entropies * mask >= threshold) & mask.bool()
 
 
-def _rows(mask: torch.Tensor) -> torch.Tensor:
-    """Rows that carry loss (a row whose mask is all zero, e.g. unscored, is left out of the mean)."""
-    return (mask.sum(-1) > 0).sum().clamp(min=1)
-
-
 def per_sequence_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
-    return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / _rows(mask)
+    """Mean over each row's tokens, then over every row of the micro-batch, also rows that carry no
+    loss (unscored, overlong-filtered), as TRL does: micro-batches are all the same size, so the
+    step's mean does not depend on how the step is split."""
+    return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
 
 
 def token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
@@ -123,7 +122,7 @@ def token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
 
 
 def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, *, max_completion_length: int, **_) -> torch.Tensor:
-    return (loss * mask).sum() / (_rows(mask) * max_completion_length)
+    return (loss * mask).sum() / (mask.size(0) * max_completion_length)  # every row, as TRL
 
 
 def global_token_mean(loss: torch.Tensor, mask: torch.Tensor, *, num_items_in_batch=None, **_) -> torch.Tensor:

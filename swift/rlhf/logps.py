@@ -67,7 +67,9 @@ def hidden_states_out(model):
 
 
 def _project(hidden, targets, weight, bias, temperature: float, with_entropy: bool):
-    logits = F.linear(hidden, weight, bias).float()
+    # in the head's dtype, as the model's own forward would run it (mixed precision hands the hidden
+    # states back in fp32 with bf16 weights)
+    logits = F.linear(hidden.to(weight.dtype), weight, bias).float()
     if temperature != 1.0:
         logits = logits / temperature
     mask = targets != IGNORE_INDEX

@@ -88,3 +88,16 @@ def test_grpo_does_not_depend_on_gradient_accumulation(tmp_path, loss_type):
     # scored together, then trained as 1 micro-batch of 8 or 2 of 4
     assert_same(tmp_path, "grpo", 8, 2, *TEXT_LENGTH, "--num_generations", "4",
                 "--max_completion_length", "6", "--temperature", "1.0", "--loss_type", loss_type)
+
+
+UNSCORED = ["--reward_funcs", "text_length_first_unscored", "--external_plugins", TEXT_LENGTH[-1]]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "sapo", "dapo"])
+def test_grpo_with_rows_that_carry_no_loss_does_not_depend_on_gradient_accumulation(tmp_path, loss_type):
+    # the first completion gets no reward (it carries no loss), so the two micro-batches of 4 hold 3
+    # and 4 rows that carry loss; grpo, dr_grpo and sapo divide by every row (TRL), dapo by the
+    # step's tokens: either way GA 2 × 4 equals GA 1 × 8
+    assert_same(tmp_path, "grpo", 8, 2, *UNSCORED, "--num_generations", "4", "--max_completion_length", "6",
+                "--temperature", "1.0", "--loss_type", loss_type)
+

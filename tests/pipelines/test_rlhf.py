@@ -73,3 +73,17 @@ def test_ref_adapters_make_the_reference_the_adapted_model(tmp_path):
     with_ref, without = read_log(tmp_path / "with")[0], read_log(tmp_path / "without")[0]
     assert with_ref["rewards/chosen"] == pytest.approx(0.0, abs=1e-5)
     assert abs(without["rewards/chosen"]) > 1e-3
+
+
+@pytest.mark.parametrize("rlhf_type", ["dpo", "grpo"])
+def test_full_training_in_bf16_mixed_precision(tmp_path, rlhf_type):
+    """bf16 weights with bf16 mixed precision (what a GPU run gets): the model's forward hands the
+    hidden states back in fp32 and the chunked output layer must still project them (a dtype
+    mismatch, found on an H100 by scripts/gpu_check.sh). On CPU, bf16 autocast runs the same path."""
+    data = ["--dataset", "builtin:arith-dpo#8"] if rlhf_type == "dpo" else \
+        ["--dataset", "builtin:arith-sft#8", "--reward_funcs", "accuracy", "--max_completion_length", "8",
+         "--num_generations", "4"]
+    rlhf_main(train_argv(tmp_path, "--rlhf_type", rlhf_type, *data, "--tuner_type", "full", "--torch_dtype",
+                         "bfloat16", "--max_steps", "2"))
+    logs = [r for r in read_log(tmp_path) if "loss" in r]
+    assert len(logs) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logs)

@@ -9,3 +9,14 @@ class TextLength(ORM):
 
 
 orms["text_length"] = TextLength
+
+
+class TextLengthFirstUnscored(ORM):
+    """As text_length, but the first completion of every call gets no reward (None): a row that
+    carries no loss, in the first micro-batch only."""
+
+    def __call__(self, completions, **kwargs):
+        return [None if i == 0 else float(len(c)) for i, c in enumerate(completions)]
+
+
+orms["text_length_first_unscored"] = TextLengthFirstUnscored

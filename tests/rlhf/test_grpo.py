@@ -64,6 +64,7 @@ def trl_setup(tmp_path_factory, tiny_dir):
     completion_mask = torch.ones(b, lc, dtype=torch.long)
     completion_mask[1, 4:] = 0
     completion_mask[3, 2:] = 0
+    completion_mask[2] = 0  # a row that carries no loss (unscored, or overlong-filtered): TRL still counts it
     inputs = {"prompt_ids": torch.randint(3, 2000, (b, lp), generator=g), "prompt_mask": torch.ones(b, lp, dtype=torch.long),
               "completion_ids": torch.randint(3, 2000, (b, lc), generator=g), "completion_mask": completion_mask,
               "advantages": torch.tensor([1.0, -0.5, 0.25, -1.5])}
