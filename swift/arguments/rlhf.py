@@ -149,11 +149,14 @@ class RlhfArguments:
         "help": "grpo: completions per generation batch over all ranks (TRL's name; instead of "
                 "--steps_per_generation): per_device_train_batch_size × world size × steps_per_generation."})
     advantage_estimator: str | None = field(default=None, metadata={
-        "help": "grpo: grpo (default), rloo, reinforce_plus_plus, reinforce_baseline, dr_grpo; OpenRLHF's "
-                "group_norm (= grpo) and reinforce (= reinforce_plus_plus). ppo: gae (a learned critic)."})
+        "help": "grpo: grpo (default), rloo, dr_grpo, reinforce_plus_plus (ms-swift's: group baseline, ÷ batch std "
+                "of the centred rewards), and OpenRLHF's reinforce (rewards whitened over the batch), "
+                "reinforce_baseline and group_norm (= grpo). ppo: gae (a learned critic)."})
     scale_rewards: str | None = field(default=None, metadata={
-        "help": "grpo: divide advantages by the group's or batch's reward std: group, batch, none "
-                "(default group for the grpo estimator, none otherwise)."})
+        "help": "grpo: divide advantages by a std over the group or the batch: group, batch, none (default "
+                "group for grpo, batch for reinforce_plus_plus, none otherwise; refused for reinforce, which is "
+                "whitened already). The std is of the rewards, or for reinforce_plus_plus and "
+                "reinforce_baseline of the centred rewards, as ms-swift and OpenRLHF compute them."})
     importance_sampling_level: str = field(default="token", metadata={"help": "grpo: token, or sequence (GSPO)."})
     kl_estimator: str | None = field(default=None, metadata={
         "help": "KL estimator k1, k2 or k3, weighted by --beta (grpo default k3, in the loss; ppo k1, in the reward)."})
@@ -330,10 +333,15 @@ class RlhfArguments:
             raise SwiftError(f"--critic_learning_rate must be >= 0, got {self.critic_learning_rate}")
 
     def _check_online(self) -> None:
-        from swift.rlhf.grpo import ADVANTAGE_ESTIMATORS
+        from swift.rlhf.grpo import ADVANTAGE_ESTIMATORS, scale_for
 
         if self.advantage_estimator != "gae":
             ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
+            if self.scale_rewards in ("group", "batch", "none"):
+                try:
+                    scale_for(self.advantage_estimator, self.scale_rewards)
+                except ValueError as e:
+                    raise SwiftError(str(e)) from None
         choices = {"scale_rewards": (None, "group", "batch", "none"), "importance_sampling_level": ("token", "sequence"),
                    "kl_estimator": ("k1", "k2", "k3"), "vllm_mode": ("colocate", "server"),
                    "rollout_mode": ("colocate", "server"),
@@ -344,7 +352,7 @@ class RlhfArguments:
                                  f"{', '.join(a for a in allowed if a)}")
         if self.num_generations < 1:
             raise SwiftError(f"--num_generations must be >= 1, got {self.num_generations}")
-        if self.num_generations < 2 and self.advantage_estimator not in ("reinforce_plus_plus", "gae"):
+        if self.num_generations < 2 and self.advantage_estimator not in ("reinforce", "gae"):
             raise SwiftError(f"--num_generations must be at least 2 for --advantage_estimator "
                              f"{self.advantage_estimator} (advantages compare completions of one prompt)")
         if self.num_iterations < 1:
@@ -401,7 +409,7 @@ class RlhfArguments:
         return ALGORITHMS.get(self.rlhf_type)
 
 
-OPENRLHF_ESTIMATORS = {"group_norm": "grpo", "reinforce": "reinforce_plus_plus"}
+OPENRLHF_ESTIMATORS = {"group_norm": "grpo"}
 
 
 class RLHFArguments(SftArguments):

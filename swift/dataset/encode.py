@@ -25,13 +25,17 @@ def encode_rows(rowset: RowSet, encode, *, strict: bool, desc: str = "encode", n
     if isinstance(encode, Template):
         encode = _TemplateEncode(encode)
     bar = tqdm(total=len(rowset), desc=desc, leave=False, mininterval=1)
-    samples = []
-    for (ok, value), origin in zip(_encoded(rowset.rows, encode, num_proc, bar), rowset.origins):
+    samples, kept = [], []
+    for i, ((ok, value), origin) in enumerate(zip(_encoded(rowset.rows, encode, num_proc, bar), rowset.origins)):
         if ok:
             samples.append(value)
+            kept.append(i)
         else:
             rowset.reject(origin, RowError(value), strict)
     bar.close()
+    if len(kept) < len(rowset.rows):  # the row set holds what was kept, so its report counts right
+        rowset.rows = [rowset.rows[i] for i in kept]
+        rowset.origins = [rowset.origins[i] for i in kept]
     return samples
 
 

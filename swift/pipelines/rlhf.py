@@ -119,7 +119,23 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
     if row.get("tools"):  # never dropped without a word
         raise RowError("online RL does not pass a row's tools to the rollout yet; remove the tools column")
     template.encode_prompt(messages)  # fail here, with the row, if the prompt cannot be rendered
-    return {"messages": messages, "columns": {k: v for k, v in row.items() if k != "messages"}}
+    columns = {k: v for k, v in row.items() if k != "messages"}
+    if a is not None and a.multi_turn_scheduler:  # and if the environment cannot start from it
+        from swift.rollout.multi_turn import RolloutInferRequest
+
+        try:
+            _scheduler(a.multi_turn_scheduler, a.max_turns, a.gym_env).check_request(
+                RolloutInferRequest(messages, columns))
+        except SwiftError as e:
+            raise RowError(str(e)) from None
+    return {"messages": messages, "columns": columns}
+
+
+@functools.lru_cache(maxsize=4)
+def _scheduler(name: str, max_turns: int | None, env: str | None):
+    from swift.rollout.multi_turn import build_scheduler
+
+    return build_scheduler(name, max_turns, env=env)
 
 
 def _encode_row(encode, template: Template, args, row: dict) -> dict:

@@ -4,12 +4,18 @@ Rewards arrive as a flat tensor of P prompts × G generations (prompt-major) and
 A NaN reward (every reward function returned None for the row) is left out of the means and stds
 and gets a NaN advantage; the trainer leaves such rows out of the loss.
 
-Advantages (`--advantage_estimator`, then `--scale_rewards group|batch|none` divides by the
-group's or the batch's reward std + 1e-4):
-  grpo (arXiv 2402.03300):  r − mean_g, scaled (group by default)
-  dr_grpo (arXiv 2503.20783), reinforce_baseline:  r − mean_g, not scaled by default
-  rloo (arXiv 2402.14740):  r − (sum_g − r) / (G − 1)
-  reinforce_plus_plus (arXiv 2501.03262):  r whitened over the batch: (r − mean_b) / (std_b + 1e-4)
+Advantages (`--advantage_estimator`), each as the peer that names it computes it; then
+`--scale_rewards group|batch|none` divides by a std + 1e-4 (Bessel-corrected), of the rewards or of
+the centred advantages as that peer does:
+  grpo (arXiv 2402.03300):  r − mean_g; ÷ the group's (default) or batch's reward std (TRL, ms-swift)
+  dr_grpo (arXiv 2503.20783):  r − mean_g; not scaled by default (÷ reward std if asked)
+  rloo (arXiv 2402.14740):  r − (sum_g − r) / (G − 1); not scaled by default (÷ reward std if asked)
+  reinforce_plus_plus (ms-swift):  r − mean_g; ÷ the batch's (default) or group's std of those
+      centred values (REINFORCE++ with a group baseline, arXiv 2501.03262)
+  reinforce_baseline (OpenRLHF):  r − mean_g; not scaled by default; `batch` ÷ the batch std of the
+      centred values, which is OpenRLHF's whitening (their batch mean is 0)
+  reinforce (OpenRLHF's REINFORCE++):  r whitened over the batch, (r − mean_b) / (std_b + 1e-4); it
+      is scaled already, so `--scale_rewards group|batch` is refused (it would divide by a std twice)
 
 Policy loss per completion token t, with ratio w_t = exp(log π(t) − log π_old(t)) (token level) or
 the sequence's geometric-mean ratio (`--importance_sampling_level sequence`, GSPO arXiv 2507.18071):
@@ -41,7 +47,11 @@ from swift.utils.registry import Registry
 
 EPS = 1e-4
 ADVANTAGE_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("advantage estimator")
-DEFAULT_SCALE = {"grpo": "group"}  # the others are unscaled unless --scale_rewards says so
+DEFAULT_SCALE = {"grpo": "group", "reinforce_plus_plus": "batch"}  # the others: none unless asked
+# what --scale_rewards takes the std of: the rewards (TRL; ms-swift's grpo and rloo) or the centred
+# advantages (ms-swift's reinforce_plus_plus, OpenRLHF's reinforce_baseline); None: already scaled
+SCALE_OF = {"grpo": "rewards", "dr_grpo": "rewards", "rloo": "rewards", "reinforce_plus_plus": "advantages",
+            "reinforce_baseline": "advantages", "reinforce": None}
 
 
 def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -56,6 +66,7 @@ def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
 
 @ADVANTAGE_ESTIMATORS.register("grpo")
 @ADVANTAGE_ESTIMATORS.register("dr_grpo")
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
 @ADVANTAGE_ESTIMATORS.register("reinforce_baseline")
 def group_baseline(rewards: torch.Tensor) -> torch.Tensor:
     """r − mean over the group; rewards [P, G]."""
@@ -69,10 +80,22 @@ def leave_one_out(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - (rewards.nansum(dim=1, keepdim=True) - rewards) / (count - 1).clamp(min=1)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+@ADVANTAGE_ESTIMATORS.register("reinforce")
 def batch_whitened(rewards: torch.Tensor) -> torch.Tensor:
     """(r − batch mean) / (batch std + 1e-4)."""
     return (rewards - rewards.nanmean()) / (nanstd(rewards) + EPS)
+
+
+def scale_for(estimator: str, scale_rewards: str | None) -> str:
+    """The `--scale_rewards` that applies: the estimator's default when not given; a scaling of an
+    estimator that is scaled already is refused."""
+    scale = scale_rewards or DEFAULT_SCALE.get(estimator, "none")
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"scale_rewards must be group, batch or none, got {scale!r}")
+    if SCALE_OF.get(estimator, "rewards") is None and scale != "none":
+        raise ValueError(f"--advantage_estimator {estimator} whitens the rewards over the batch already; "
+                         f"--scale_rewards {scale} would divide by a std twice (give none, or leave it out)")
+    return scale
 
 
 def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: str = "grpo",
@@ -80,13 +103,12 @@ def compute_advantages(rewards: torch.Tensor, num_generations: int, estimator: s
     """Flat rewards [P·G] → flat advantages [P·G]."""
     grouped = rewards.view(-1, num_generations)
     advantages = ADVANTAGE_ESTIMATORS.get(estimator)(grouped)
-    scale = scale_rewards or DEFAULT_SCALE.get(estimator, "none")
-    if scale == "group":
-        advantages = advantages / (nanstd(grouped, dim=1) + EPS) if num_generations > 1 else advantages
-    elif scale == "batch":
-        advantages = advantages / (nanstd(rewards) + EPS) if rewards.numel() > 1 else advantages
-    elif scale != "none":
-        raise ValueError(f"scale_rewards must be group, batch or none, got {scale!r}")
+    scale = scale_for(estimator, scale_rewards)
+    of = grouped if SCALE_OF.get(estimator, "rewards") == "rewards" else advantages
+    if scale == "group" and num_generations > 1:
+        advantages = advantages / (nanstd(of, dim=1) + EPS)
+    elif scale == "batch" and rewards.numel() > 1:
+        advantages = advantages / (nanstd(of) + EPS)
     return advantages.reshape(-1)
 
 

@@ -143,7 +143,16 @@ class GymScheduler(MultiTurnScheduler):
         return envs.get(self.default_env)
 
     def check_request(self, infer_request):
-        self._env_class(infer_request)
+        """The environment must start from the row: its `reset` runs here, before anything is
+        generated, and what it raises becomes one line about the row."""
+        cls = self._env_class(infer_request)
+        try:
+            cls().reset(infer_request.data_dict)
+        except SwiftError:
+            raise
+        except Exception as e:
+            raise SwiftError(f"environment {cls.__name__} cannot start from this row: {type(e).__name__}: {e}") \
+                from None
 
     def _env(self, request):
         key = request.uid

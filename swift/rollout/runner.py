@@ -74,10 +74,13 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
     masks: list[list[int]] = [[] for _ in states]
     lps: list[list[float]] = [[] for _ in states]
     texts, truncated, turns = [""] * len(states), [False] * len(states), [0] * len(states)
+    context = getattr(engine, "max_model_len", None)  # the engine's context, where it has one
     active = list(range(len(states)))
     seed = config.seed
     while active:
         budget = {i: max_completion_length - (len(ids[i]) - prompt_len[i]) for i in active}
+        if context is not None:  # and no turn runs past the engine's context
+            budget = {i: min(b, context - len(ids[i])) for i, b in budget.items()}
         for i in [i for i in active if budget[i] <= 0]:
             truncated[i] = True
         active = [i for i in active if budget[i] > 0]
@@ -117,6 +120,16 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
             if config.logprobs:
                 lps[i] = lps[i][:keep - prompt_len[i]] + [float("nan")] * (len(following) - keep)
             ids[i] = following
+            limit = prompt_len[i] + max_completion_length
+            if context is not None:
+                limit = min(limit, context - 1)  # room for one generated token
+            if len(following) >= limit:  # the environment's reply outgrew the budget or the context:
+                ids[i] = following[:limit]  # this trajectory ends here, truncated; the others go on
+                masks[i] = masks[i][:limit - prompt_len[i]]
+                if config.logprobs:
+                    lps[i] = lps[i][:limit - prompt_len[i]]
+                truncated[i] = True
+                continue
             still.append(i)
         active = still
     return [Trajectory(ids[i][:prompt_len[i]], ids[i][prompt_len[i]:], masks[i], texts[i], truncated[i],

@@ -16,6 +16,8 @@ metrics (`rollout_metrics`), the estimators and losses (`swift.rlhf.grpo`, by `-
 advantage step and the loss."""
 from __future__ import annotations
 
+import contextlib
+
 import os
 
 import torch
@@ -35,6 +37,19 @@ from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
+
+
+@contextlib.contextmanager
+def eval_mode(*modules):
+    """The modules in eval mode within the block, each back in the mode it had after it."""
+    was = [m.training for m in modules]
+    try:
+        for m in modules:
+            m.eval()
+        yield
+    finally:
+        for m, training in zip(modules, was):
+            m.train(training)
 
 
 class GRPOTrainer(RLHFTrainer):
@@ -61,6 +76,7 @@ class GRPOTrainer(RLHFTrainer):
         self._uses = 0  # micro-batches trained on since the start of training (a resumed run's included)
         self._resume_dir: str | None = None
         self._completions_path = os.path.join(self.args.output_dir, "completions.jsonl")
+        self._check_prompts()
 
     # -- data --------------------------------------------------------------------------------------
     def _steps_per_generation(self) -> int:
@@ -80,6 +96,24 @@ class GRPOTrainer(RLHFTrainer):
                              f"--gradient_accumulation_steps ({ga}): each pass over a generation batch is an "
                              "optimizer step of its own")
         return steps
+
+    def _check_prompts(self) -> None:
+        """One generation batch needs `block` prompts; fewer would train 0 steps. An epoch's last
+        partial block is not trained on: say so."""
+        if self.train_dataset is None or not hasattr(self.train_dataset, "__len__"):
+            return
+        per_rank = self.args.per_device_train_batch_size // self.num_generations
+        block = per_rank * self.args.world_size * self.steps_per_generation
+        n = len(self.train_dataset)
+        if n < block:
+            raise SwiftError(f"--dataset has {n} prompt(s); one generation batch needs {block} "
+                             f"(--per_device_train_batch_size {self.args.per_device_train_batch_size} / "
+                             f"--num_generations {self.num_generations} × {self.args.world_size} rank(s) × "
+                             f"{self.steps_per_generation} micro-batch(es) per generation): give more prompts or a "
+                             "smaller batch")
+        if n % block:
+            logger.warning(f"each epoch trains on {n - n % block} of the {n} prompts (whole generation batches of "
+                           f"{block}); the other {n % block}, drawn at random each epoch, wait for the next epoch")
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -287,7 +321,7 @@ class GRPOTrainer(RLHFTrainer):
             batch = tensorize(trajectories[start:start + rows], self.processing_class.pad_token_id,
                               a.overlong_filter)
             batch["loss_mask"][~scored[start:start + rows]] = 0
-            with torch.no_grad():
+            with torch.no_grad(), eval_mode(*self._sampling_modules()):
                 device_batch = self._prepare_inputs(dict(batch))
                 if stale:
                     self._sampling_forward(batch, device_batch)
@@ -295,6 +329,12 @@ class GRPOTrainer(RLHFTrainer):
                     batch["ref_logps"] = self._reference_logps(device_batch).detach()
             micro.append(batch)
         return micro
+
+    def _sampling_modules(self) -> list:
+        """What runs in eval mode while the batch's log-probs at sampling (and reference log-probs)
+        are taken: with `--disable_dropout false` dropout would otherwise perturb them, and the
+        engine sampled without it."""
+        return [self.model]
 
     def _sampling_forward(self, batch: dict, device_batch: dict) -> None:
         """The log-probs the completions have under the weights that sampled them."""

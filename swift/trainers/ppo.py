@@ -81,6 +81,9 @@ class PPOTrainer(GRPOTrainer):
         self.critic.load_checkpoint(checkpoint)
 
     # -- advantages --------------------------------------------------------------------------------
+    def _sampling_modules(self) -> list:
+        return [self.model, self.critic.module]
+
     def _sampling_forward(self, batch: dict, device_batch: dict) -> None:
         """The log-probs at sampling and the critic's values (a shared critic reads them off the same
         forward's hidden states)."""

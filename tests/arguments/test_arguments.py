@@ -150,6 +150,8 @@ def test_colocated_engine_flags_are_named_as_ignored_where_no_colocated_vllm_run
     ({"rlhf_type": "dpo", "tuner_type": "full", "use_dora": True}, "--use_dora shapes a new LoRA adapter"),
     ({"rlhf_type": "grpo", "reward_funcs": ["accuracy"], "vllm_server_base_url": "http://h:99999"},
      "must look like http://HOST:PORT"),
+    ({"rlhf_type": "grpo", "reward_funcs": ["accuracy"], "advantage_estimator": "reinforce", "scale_rewards": "batch"},
+     "would divide by a std twice"),
 ])
 def test_combinations_that_cannot_work_are_refused_in_one_line(kwargs, message):
     from swift.arguments.rlhf import RLHFArguments

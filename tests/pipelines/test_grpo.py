@@ -1,5 +1,6 @@
 """`swift rlhf --rlhf_type grpo` end to end on the built-in tiny model."""
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -82,9 +83,47 @@ def test_multi_turn_gym_rollouts_train(tmp_path):
     assert all(1 <= r["completions/mean_turns"] <= 2 for r in logs)
 
 
+def test_rows_the_environment_cannot_start_from_are_dropped_and_reported(tmp_path):
+    """`\\boxed{11}` is no integer for guess_number: the run crashed after generation with a raw
+    ValueError. Now the row is refused when the data is read: dropped and reported, or with
+    --strict one line naming the file and row."""
+    data = tmp_path / "guess.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "Guess the number."}], "solution": str(10 + i)} for i in range(8)]
+    rows.insert(2, {"messages": [{"role": "user", "content": "Guess the number."}], "solution": "\\boxed{11}"})
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["--dataset", str(data), "--multi_turn_scheduler", "gym", "--gym_env", "guess_number", "--max_turns", "2",
+            "--reward_funcs", "gym_reward", "--max_completion_length", "12", "--max_steps", "1"]
+    with pytest.raises(SwiftError, match=r"guess.jsonl.*3.*environment GuessNumber cannot start from this row"):
+        rlhf_main(grpo_argv(tmp_path / "strict", *argv, "--strict", "true"))
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("swift").addHandler(handler)
+    try:
+        rlhf_main(grpo_argv(tmp_path / "lenient", *argv))
+    finally:
+        logging.getLogger("swift").removeHandler(handler)
+    assert any("dropped 1 of 9 rows" in r.getMessage() and "cannot start from this row" in r.getMessage()
+               for r in records)
+    assert [r for r in read(tmp_path / "lenient" / "logging.jsonl") if "loss" in r]
+
+
 def test_batch_must_hold_whole_groups(tmp_path):
     with pytest.raises(SwiftError, match="multiple of --num_generations"):
         rlhf_main(grpo_argv(tmp_path, "--num_generations", "3"))
+
+
+@pytest.mark.parametrize("rlhf_type", ["grpo", "ppo"])
+def test_too_few_prompts_for_one_generation_batch_are_refused(tmp_path, rlhf_type):
+    # 3 prompts; a generation batch of 8 completions / 4 per prompt × 2 micro-batches needs 4: this
+    # trained 0 steps, saved the untrained model and wrote result.json as a success
+    argv = grpo_argv(tmp_path, "--dataset", "builtin:arith-sft#3", "--steps_per_generation", "2")
+    if rlhf_type == "ppo":
+        argv = grpo_argv(tmp_path, "--rlhf_type", "ppo", "--dataset", "builtin:arith-sft#3", "--num_generations", "1",
+                         "--per_device_train_batch_size", "2", "--num_mini_batches", "2")
+    with pytest.raises(SwiftError, match=r"--dataset has 3 prompt\(s\); one generation batch needs 4"):
+        rlhf_main(argv)
+    assert not (tmp_path / "result.json").exists() and not (tmp_path / "model.safetensors").exists()
 
 
 def test_a_failing_user_reward_stops_with_one_line(tmp_path):

@@ -192,7 +192,7 @@ def test_openrlhf_names_map_onto_ours():
     assert (a.advantage_estimator, a.num_generations, a.reward_model_url) == ("grpo", 4, "http://127.0.0.1:9/")
     a = parse_args(RLHFArguments, [*base, "--rlhf_type", "grpo", "--advantage_estimator", "reinforce",
                                    "--remote_rm_url", "reward.py"])
-    assert a.advantage_estimator == "reinforce_plus_plus" and a.reward_funcs == ["reward.py"]
+    assert a.advantage_estimator == "reinforce" and a.reward_funcs == ["reward.py"]  # OpenRLHF's own estimator
     a = parse_args(RLHFArguments, [*base, "--rlhf_type", "grpo", "--algo.advantage.estimator", "rloo",
                                    "--rollout.n_samples_per_prompt=2", "--reward.remote_url", "r.py",
                                    "--algo.kl.init_coef", "0.01"])
@@ -238,3 +238,23 @@ def test_only_a_shared_critics_value_loss_moves_the_policy(tmp_path, monkeypatch
     _, with_value = one_step(tmp_path / "vf1", "ppo", 8, 1, *extra, "--vf_coef", "1")
     moved = [name for name in without if not torch.equal(without[name], with_value[name])]
     assert bool(moved) == (backbone == "shared"), moved
+
+
+def test_with_dropout_on_the_sampling_pass_runs_in_eval_mode(tmp_path, monkeypatch):
+    """--disable_dropout false: the log-probs and values at sampling (and the reference's) are taken
+    in eval mode, as the engine sampled without dropout; the update's forward trains with it."""
+    modes = []
+    original = PPOTrainer._token_logps
+
+    def spy(self, model, batch, *args, **kwargs):
+        modes.append(("sampling" if torch.is_grad_enabled() is False else "update", self.model.training,
+                      self.critic.module.training))
+        return original(self, model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(PPOTrainer, "_token_logps", spy)
+    rlhf_main(ppo_argv(tmp_path, "--max_steps", "1", "--num_ppo_epochs", "1", "--disable_dropout", "false",
+                       "--lora_dropout", "0.5"))
+    sampling = [m for m in modes if m[0] == "sampling"]
+    update = [m for m in modes if m[0] == "update"]
+    assert sampling and all(not policy and not critic for _, policy, critic in sampling)
+    assert update and all(policy for _, policy, _ in update)

@@ -54,8 +54,7 @@ def test_grpo_batch_statistics_are_the_global_batch_s(tmp_path, quickstart):
     logs = assert_same_run(tmp_path, ["reward"], "--model", sft, "--rlhf_type", "grpo",
                            "--dataset", "builtin:arith-sft#16",
                            *TEXT_LENGTH, "--num_generations", "2", "--temperature", "0",
-                           "--max_completion_length", "6", "--advantage_estimator", "reinforce_plus_plus",
-                           "--scale_rewards", "batch", "--top_entropy_quantile", "0.5", "--loss_type", "dapo")
+                           "--max_completion_length", "6", "--advantage_estimator", "reinforce", "--top_entropy_quantile", "0.5", "--loss_type", "dapo")
     assert logs[0]["loss"] != 0  # the advantages are not all zero
 
 

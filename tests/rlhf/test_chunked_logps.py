@@ -113,3 +113,26 @@ def test_gkd_loss_through_the_trainer(monkeypatch, tiny_dir, tmp_path, sft_alpha
     assert abs(m2["jsd"] - m1["jsd"]) < 1e-5 and ("sft_loss" in m1) == (sft_alpha != "0")
     for name in g1:
         torch.testing.assert_close(g2[name], g1[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_where_the_output_layer_is_chunked(model):
+    """`plain_head` (what README and docs/benchmarks.md say): the qwen2 model's head on one rank; None
+    for an unlisted model type, a split weight (ZeRO-3's ds_id, FSDP's DTensor), and DDP with an untied
+    output layer that trains; the head again under DDP when it is tied to the input embeddings."""
+    import copy
+    import types
+
+    assert logps.plain_head(model) is model.lm_head
+    other = copy.deepcopy(model)
+    other.config.model_type = "gemma2"  # soft-caps its logits
+    assert logps.plain_head(other) is None
+    split = copy.deepcopy(model)
+    split.lm_head.weight.ds_id = 7
+    assert logps.plain_head(split) is None
+    tied = model.lm_head.weight is model.get_input_embeddings().weight
+    untied = copy.deepcopy(model)
+    if tied:
+        untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
+    assert logps.plain_head(types.SimpleNamespace(module=untied)) is None  # a DDP wrapper's .module
+    untied.lm_head.weight.requires_grad_(False)
+    assert logps.plain_head(types.SimpleNamespace(module=untied)) is untied.lm_head

@@ -11,27 +11,66 @@ from swift.rlhf.grpo import ADVANTAGE_ESTIMATORS, compute_advantages, high_entro
 REWARDS = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 5.0]  # two prompts × four generations
 
 
-def test_advantages_by_hand():
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def _std(xs):  # unbiased, as TRL, ms-swift and OpenRLHF
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def hand_advantages(estimator, scale, rewards, g):
+    """Each estimator × --scale_rewards written out from its peer's definition (list arithmetic,
+    independent of swift.rlhf.grpo)."""
+    groups = [rewards[i:i + g] for i in range(0, len(rewards), g)]
+    if estimator == "reinforce":  # OpenRLHF: whitened over the batch, nothing more
+        m, s = _mean(rewards), _std(rewards)
+        return [(x - m) / (s + 1e-4) for x in rewards]
+    if estimator == "rloo":
+        centred = [[x - (sum(grp) - x) / (g - 1) for x in grp] for grp in groups]
+    else:
+        centred = [[x - _mean(grp) for x in grp] for grp in groups]
+    # ms-swift's reinforce_plus_plus and OpenRLHF's reinforce_baseline: the std of the centred values
+    of = centred if estimator in ("reinforce_plus_plus", "reinforce_baseline") else groups
+    flat_of = [x for grp in of for x in grp]
+    out = []
+    for grp, source in zip(centred, of):
+        if scale == "group":
+            out += [x / (_std(source) + 1e-4) for x in grp]
+        elif scale == "batch":
+            out += [x / (_std(flat_of) + 1e-4) for x in grp]
+        else:
+            out += grp
+    return out
+
+
+DEFAULTS = {"grpo": "group", "reinforce_plus_plus": "batch"}
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_baseline",
+                                       "reinforce"])
+@pytest.mark.parametrize("scale", [None, "group", "batch", "none"])
+def test_advantages_by_hand(estimator, scale):
     r = torch.tensor(REWARDS)
-    g1, g2 = REWARDS[:4], REWARDS[4:]
-    m1, m2 = sum(g1) / 4, sum(g2) / 4
-    s1 = math.sqrt(sum((x - m1) ** 2 for x in g1) / 3)  # unbiased std, as TRL
-    s2 = math.sqrt(sum((x - m2) ** 2 for x in g2) / 3)
-    expected = {
-        "grpo": [(x - m1) / (s1 + 1e-4) for x in g1] + [(x - m2) / (s2 + 1e-4) for x in g2],
-        "dr_grpo": [x - m1 for x in g1] + [x - m2 for x in g2],
-        "reinforce_baseline": [x - m1 for x in g1] + [x - m2 for x in g2],
-        "rloo": [x - (sum(g1) - x) / 3 for x in g1] + [x - (sum(g2) - x) / 3 for x in g2],
-    }
-    mb = sum(REWARDS) / 8
-    sb = math.sqrt(sum((x - mb) ** 2 for x in REWARDS) / 7)
-    expected["reinforce_plus_plus"] = [(x - mb) / (sb + 1e-4) for x in REWARDS]
-    assert set(expected) == set(ADVANTAGE_ESTIMATORS)
-    for name, values in expected.items():
-        assert compute_advantages(r, 4, name).tolist() == pytest.approx(values, abs=1e-6), name
-    batch_scaled = compute_advantages(r, 4, "grpo", "batch").tolist()
-    assert batch_scaled == pytest.approx([(x - m1) / (sb + 1e-4) for x in g1] + [(x - m2) / (sb + 1e-4) for x in g2])
-    assert compute_advantages(r, 4, "grpo", "none").tolist() == pytest.approx(expected["dr_grpo"])
+    if estimator == "reinforce" and scale in ("group", "batch"):
+        with pytest.raises(ValueError, match="divide by a std twice"):
+            compute_advantages(r, 4, estimator, scale)
+        return
+    expected = hand_advantages(estimator, scale or DEFAULTS.get(estimator, "none"), REWARDS, 4)
+    assert compute_advantages(r, 4, estimator, scale).tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_reinforce_plus_plus_is_ms_swift_s_and_scales_once():
+    """ms-swift's documented REINFORCE++ recipe (`--advantage_estimator reinforce_plus_plus
+    --scale_rewards batch`): the advantages' std is 1 (a second division left it at 0.626), and a
+    completion above its group's mean gets a positive advantage even when it is below the batch's."""
+    r = torch.tensor(REWARDS)
+    adv = compute_advantages(r, 4, "reinforce_plus_plus", "batch")
+    assert adv.std().item() == pytest.approx(1.0, abs=1e-3)
+    assert REWARDS[3] < _mean(REWARDS) and adv[3] > 0  # 1.0: above group 1's mean 0.5, below the batch's 1.625
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_baseline",
+                                         "reinforce"}
     assert compute_advantages(torch.ones(4), 4, "grpo").tolist() == [0.0] * 4  # zero-std group: no signal
 
 

@@ -3,10 +3,13 @@ scheduler plugin, and an OpenRLHF AgentInstance."""
 import textwrap
 from dataclasses import replace
 
+import pytest
+
 from swift.infer.protocol import Choice, InferEngine, InferRequest, InferResponse, RequestConfig, per_request
-from swift.rollout.multi_turn import RolloutInferRequest, build_scheduler
+from swift.rollout.multi_turn import MultiTurnScheduler, RolloutInferRequest, build_scheduler
 from swift.rollout.runner import rollout
 from swift.template import get_template
+from swift.utils.registry import SwiftError
 
 
 class ScriptedEngine(InferEngine):
@@ -193,3 +196,40 @@ def test_the_end_token_a_trajectory_keeps_is_the_one_sampled(tiny, tmp_path):
     finally:
         engine.close()
         model.generation_config.eos_token_id = saved
+
+
+def test_a_row_the_environment_cannot_start_from_is_refused_before_generation():
+    scheduler = build_scheduler("gym", max_turns=2, env="guess_number")
+    scheduler.check_request(RolloutInferRequest([{"role": "user", "content": "guess"}], {"solution": "52"}))
+    with pytest.raises(SwiftError, match=r"environment GuessNumber cannot start from this row: ValueError: .*boxed"):
+        scheduler.check_request(RolloutInferRequest([{"role": "user", "content": "guess"}],
+                                                    {"solution": "\\boxed{11}"}))
+    assert len(scheduler._envs) == 0  # nothing kept for a trajectory that never started
+
+
+class LongReply(MultiTurnScheduler):
+    """Replies to the first trajectory's first answer with a long observation."""
+
+    def check_finished(self, infer_request, response_choice, current_turn):
+        return current_turn >= 2
+
+    def step(self, infer_request, response_choice, current_turn):
+        long = infer_request.data_dict.get("long")
+        infer_request.messages.append({"role": "user", "content": "7 " * 200 if long else "ok"})
+        return {"infer_request": infer_request}
+
+
+def test_a_trajectory_that_outgrows_its_context_is_truncated_alone(tokenizer):
+    """An environment reply longer than the engine's context ends that trajectory (truncated) instead
+    of failing the whole engine call; the other trajectory finishes its turns."""
+    template = get_template("chatml", tokenizer)
+    engine = ScriptedEngine(tokenizer, ["10", "11", "12"])
+    engine.max_model_len = 120
+    requests = [RolloutInferRequest([{"role": "user", "content": "guess"}], {"long": True}),
+                RolloutInferRequest([{"role": "user", "content": "guess"}], {})]
+    long, short = rollout(engine, template, requests, RequestConfig(max_tokens=8), 1, scheduler=LongReply(),
+                          max_completion_length=4096)
+    assert long.truncated and long.turns == 1 and len(long.prompt_ids) + len(long.completion_ids) < 120
+    assert len(long.completion_ids) == len(long.loss_mask)
+    assert not short.truncated and short.turns == 2 and short.text == "12"
+    assert all(len(p) + m <= 120 for p, m in zip(engine.prompts, engine.max_tokens))

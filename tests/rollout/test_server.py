@@ -142,7 +142,7 @@ def grpo_server_argv(out, port, *extra):
     return train_argv(out, "--rlhf_type", "grpo", "--dataset", "builtin:arith-sft#64", "--reward_funcs",
                       "tests.rollout.test_server:digit_reward", "--num_generations", "2",
                       "--per_device_train_batch_size", "8", "--max_completion_length", "8", "--temperature", "0",
-                      "--advantage_estimator", "reinforce_plus_plus", "--learning_rate", "5e-3", "--beta", "0.04",
+                      "--advantage_estimator", "reinforce", "--learning_rate", "5e-3", "--beta", "0.04",
                       "--vllm_server_port", str(port), *extra)
 
 
@@ -280,3 +280,9 @@ def test_multi_turn_scheduler_runs_in_the_server_worker(quickstart):
         assert t["turns"] == 3 or t["truncated"], t  # a trajectory ends on max_turns or on the length limit
         assert 0 in t["loss_mask"] and 1 in t["loss_mask"]  # environment replies carry no loss
         assert t["response_loss_mask"] == t["loss_mask"]
+    # a row the environment cannot start from is the request's fault (the server answers 400), found
+    # before anything is generated; it used to fail after generation, a 500 for the whole call
+    with pytest.raises(SwiftError, match=r"infer_requests\[1\]: environment GuessNumber cannot start from this row"):
+        worker.infer([{"messages": [{"role": "user", "content": "1+1="}], "data_dict": {"solution": "3"}},
+                      {"messages": [{"role": "user", "content": "1+1="}], "data_dict": {"solution": "\\boxed{11}"}}],
+                     {"max_tokens": 8, "temperature": 0.0}, 2, 64)
