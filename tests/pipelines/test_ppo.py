@@ -1,6 +1,7 @@
 """`swift rlhf --rlhf_type ppo` end to end on the built-in tiny model: TRL's metric names, the
 critic saved and resumed, GAE and the value loss as the trainer computes them equal to the
 formulas, and the flags it refuses."""
+import copy
 import json
 import re
 import shutil
@@ -10,7 +11,6 @@ import torch
 from safetensors.torch import load_file
 
 from swift.pipelines.rlhf import rlhf_main
-from swift.rlhf.ppo import gae
 from swift.trainers.ppo import PPOTrainer
 from swift.utils.registry import SwiftError
 from tests.conftest import TEXT_LENGTH, train_argv
@@ -61,11 +61,34 @@ def test_ppo_trains_logs_trl_names_and_saves_its_critic(tmp_path, tuner, backbon
     assert (critic / ("adapter_model.safetensors" if tuner == "lora" else "model.safetensors")).exists()
 
 
+def openrlhf_gae(rewards, values, mask, gamma, lam):
+    """GAE as OpenRLHF's `get_advantages_and_returns` writes it (masked rewards and values, the
+    value after the last token 0), independent of swift.rlhf.ppo.gae."""
+    values, rewards = values * mask, rewards * mask
+    advantages, last = [], 0.0
+    for t in reversed(range(rewards.size(1))):
+        next_values = values[:, t + 1] if t < rewards.size(1) - 1 else 0.0
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        last = delta + gamma * lam * last
+        advantages.append(last)
+    advantages = torch.stack(advantages[::-1], dim=1)
+    return advantages, advantages + values
+
+
 @pytest.mark.parametrize("backbone", ["separate", "shared"])
-def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatch, backbone):
+def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatch, backbone, tiny):
     """What the trainer computes on its own rollout: per-token rewards (score on the last token, −β k1
-    KL on each), GAE, whitening over the batch's loss tokens, and the first step's value loss (the
-    critic has not moved: ½ mean (V − R)²) and policy loss (ratio 1: −mean A)."""
+    KL on each, against a reference that differs from the policy so the KL is not 0), GAE (OpenRLHF's
+    formula written out here), whitening over the batch's loss tokens, and the first step's value
+    loss (the critic has not moved: ½ mean (V − R)²) and policy loss (ratio 1: −mean A)."""
+    model, tokenizer, _ = tiny
+    reference = copy.deepcopy(model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    reference.save_pretrained(tmp_path / "ref")
+    tokenizer.save_pretrained(tmp_path / "ref")
     seen = []
     original = PPOTrainer._assign_advantages
 
@@ -75,22 +98,23 @@ def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatc
         return out
 
     monkeypatch.setattr(PPOTrainer, "_assign_advantages", spy)
-    rlhf_main(ppo_argv(tmp_path, "--tuner_type", "full", "--max_steps", "1", "--num_ppo_epochs", "1",
-                       "--kl_coef", "0.2", "--lam", "0.9", "--gamma", "0.95", "--critic_backbone", backbone))
+    rlhf_main(ppo_argv(tmp_path / "run", "--tuner_type", "full", "--max_steps", "1", "--num_ppo_epochs", "1",
+                       "--kl_coef", "0.2", "--lam", "0.9", "--gamma", "0.95", "--critic_backbone", backbone,
+                       "--ref_model", str(tmp_path / "ref")))
     (micro,), rewards, beta = seen[0]
     mask = micro["completion_mask"].float()
     kl = (micro["old_logps"] - micro["ref_logps"]) * mask * micro["loss_mask"]
     lengths = mask.sum(-1).long()
     token_reward = -0.2 * kl
     token_reward[torch.arange(len(lengths)), lengths - 1] += rewards
-    adv, ret = gae(token_reward, micro["values"], mask, 0.95, 0.9)
+    adv, ret = openrlhf_gae(token_reward, micro["values"], mask, 0.95, 0.9)
     torch.testing.assert_close(micro["returns"], ret, rtol=1e-5, atol=1e-5)
     loss_mask = micro["loss_mask"].bool()
     picked = adv[loss_mask]
     whitened = (picked - picked.mean()) / (picked.var() + 1e-8).sqrt()
     torch.testing.assert_close(micro["advantages"][loss_mask], whitened, rtol=1e-4, atol=1e-4)
-    assert kl.abs().sum() == 0  # the policy starts as its reference
-    log = next(r for r in read(tmp_path / "logging.jsonl") if "loss" in r)
+    assert (kl != 0).sum() > mask.sum() / 2  # the KL penalty is in the rewards
+    log = next(r for r in read(tmp_path / "run" / "logging.jsonl") if "loss" in r)
     value = 0.5 * ((micro["values"] - micro["returns"])[loss_mask] ** 2).mean().item()
     assert log["loss/value_avg"] == pytest.approx(value, rel=1e-4, abs=1e-6)
     assert log["loss/policy_avg"] == pytest.approx(-micro["advantages"][loss_mask].mean().item(), abs=1e-5)

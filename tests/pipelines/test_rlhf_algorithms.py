@@ -52,11 +52,23 @@ def prompt_len_of(sample):
     return next(j for j, t in enumerate(sample["sequences"][0][1]) if t != IGNORE_INDEX)
 
 
-def test_kto_trains_and_logs_the_kl_baseline(tmp_path):
+def test_kto_trains_and_logs_the_kl_baseline(tmp_path, monkeypatch):
+    import swift.rlhf.kto as kto
+
+    seen = []
+    original = kto.kl_baseline
+
+    def spy(mismatched):
+        seen.append(mismatched.detach().mean().item())
+        return original(mismatched)
+
+    monkeypatch.setattr(kto, "kl_baseline", spy)
     rlhf_main(train_argv(tmp_path, "--rlhf_type", "kto", "--dataset", "builtin:arith-kto#16", "--learning_rate",
                          "5e-3", "--max_steps", "20", "--per_device_train_batch_size", "8", "--undesirable_weight", "1.2"))
     logs = train_logs(tmp_path)
-    assert all("kl" in r and r["kl"] >= 0 for r in logs)
+    # the logged baseline is max(0, mean log-ratio of the step's mismatched pairs), step by step
+    assert len(seen) == len(logs) == 20 and any(m != 0 for m in seen)
+    assert [r["kl"] for r in logs] == pytest.approx([max(0.0, m) for m in seen], rel=1e-3, abs=1e-6)
     assert logs[0]["loss"] == pytest.approx(0.5 * (1 + 1.2) / 2, abs=0.05)  # σ(0) = ½ per row at step 0
     assert sum(r["loss"] for r in logs[-4:]) / 4 < logs[0]["loss"] - 0.05
     assert logs[-1]["rewards/chosen"] > logs[-1]["rewards/rejected"]

@@ -7,7 +7,6 @@ from datasets import Dataset
 
 from swift.model import load_model
 from swift.rlhf.dpo import DPO_LOSSES, dpo_loss
-from swift.rlhf.logps import sequence_logps
 
 PAIRS = [("07+45=", "52", "25"), ("10+10=", "20", "1"), ("99+1=", "100", "991"), ("3+4=", "7", "34")]
 
@@ -40,18 +39,28 @@ def trl_batch_and_loss(policy, ref, tokenizer, loss_type, beta, tmp_path):
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge", "robust"])
 def test_loss_equals_trl(models, loss_type, tmp_path):
+    """Through our trainer's own `loss_and_metrics` (the policy's chunked forward, the positions it
+    keeps, the reference model it loaded from --ref_model) on TRL's batch, against TRL's
+    `compute_loss`."""
+    from swift.pipelines.base import resolve_args
+    from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
+
     policy, ref, tokenizer = models
-    batch, expected = trl_batch_and_loss(policy, ref, tokenizer, loss_type, 0.1, tmp_path)
+    for name, model in (("policy", policy), ("ref", ref)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    batch, expected = trl_batch_and_loss(policy, ref, tokenizer, loss_type, 0.1, tmp_path / "trl")
+    ours = RLHFPipeline(resolve_args(RLHFArguments, [
+        "--model", str(tmp_path / "policy"), "--ref_model", str(tmp_path / "ref"), "--rlhf_type", "dpo",
+        "--tuner_type", "full", "--dataset", "builtin:arith-dpo#4", "--output_dir", str(tmp_path / "ours"),
+        "--loss_type", loss_type, "--beta", "0.1", "--report_to", "none"], "swift rlhf")).build_trainer()
     labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": labels}
+    ours.model.eval()
     with torch.no_grad():
-        logps, lengths, _ = sequence_logps(policy(input_ids=batch["input_ids"],
-                                                  attention_mask=batch["attention_mask"]).logits, labels)
-        ref_logps, _, _ = sequence_logps(ref(input_ids=batch["input_ids"],
-                                             attention_mask=batch["attention_mask"]).logits, labels)
-    n = len(PAIRS)
-    ours = dpo_loss(logps[:n], logps[n:], ref_logps[:n], ref_logps[n:], loss_types=[loss_type], loss_weights=None,
-                    beta=0.1, chosen_len=lengths[:n], rejected_len=lengths[n:])
-    assert abs(ours.item() - expected.item()) < 1e-5
+        loss, metrics = ours.loss_and_metrics(ours.model, inputs)
+    assert abs(loss.item() - expected.item()) < 1e-5
+    assert metrics["rewards/margins"] != 0  # the reference differs from the policy
 
 
 def test_every_loss_type_is_finite_and_prefers_the_chosen():

@@ -78,7 +78,7 @@ def test_kl_estimators_and_entropy_mask():
     logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
     assert kl_estimate(logp, ref, "k1").tolist() == pytest.approx([0.5, -1.0])
     assert kl_estimate(logp, ref, "k2").tolist() == pytest.approx([0.125, 0.5])
-    assert (kl_estimate(logp, ref, "k3") >= 0).all() and kl_estimate(logp, logp, "k3").abs().max() == 0
+    assert kl_estimate(logp, ref, "k3").tolist() == pytest.approx([math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1 - 1])
     ent = torch.tensor([[0.1, 0.9, 0.5, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     assert high_entropy_mask(ent, mask, 0.67).tolist() == [[False, True, True, False]]
