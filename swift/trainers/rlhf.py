@@ -200,13 +200,22 @@ class DistillTrainer(RLHFTrainer):
     def __init__(self, *args, teacher_model, **kwargs):
         super().__init__(*args, **kwargs)
         self.teacher = self.frozen(teacher_model)
-        self._rng = random.Random(self.args.seed)
         self._engines: dict[str, Any] = {}
+        self._position = (-1, -1)  # (optimizer step, micro-batch within it) of the last training_step
+
+    def _draw(self, what: str, per_rank: bool = False) -> random.Random:
+        """A random source for this micro-batch, from (seed, optimizer step, micro-batch in the step):
+        a resumed run draws what the uninterrupted run drew at the same point. The on/off-policy coin
+        is the same on every rank (as TRL's seeded `random`); sampling seeds differ per rank."""
+        rank = f":{self.args.process_index}" if per_rank else ""
+        return random.Random(f"{self.args.seed}:{self._position[0]}:{self._position[1]}:{what}{rank}")
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        step, micro = self._position
+        self._position = (self.state.global_step, micro + 1 if step == self.state.global_step else 0)
         if self.rlhf_args.seq_kd:  # sequence-level KD: the teacher's answers replace the dataset's
             inputs = self._sampled(inputs, "teacher")
-        if self._rng.random() < self.rlhf_args.lmbda:
+        if self._draw("coin").random() < self.rlhf_args.lmbda:
             inputs = self._sampled(inputs, "student")
         return super().training_step(model, inputs, num_items_in_batch)
 
@@ -224,8 +233,9 @@ class DistillTrainer(RLHFTrainer):
             self._engines[by] = TransformersEngine(model, self.processing_class, template=None,
                                                    default_adapter=adapter, inline=True)
         model.eval()
-        config = RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature,
-                               seed=self._rng.randrange(2 ** 31))
+        config = RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p,
+                               top_k=a.top_k, repetition_penalty=a.repetition_penalty,
+                               seed=self._draw(by, per_rank=True).randrange(2 ** 31))
         responses = self._engines[by].infer([InferRequest(input_ids=p) for p in inputs["prompt_ids"]], config)
         model.train(was_training)
         samples = []

@@ -174,3 +174,41 @@ def test_gkd_distils_a_teacher_on_and_off_policy(tmp_path):
 def test_gkd_needs_a_teacher(tmp_path):
     with pytest.raises(SwiftError, match="--teacher_model"):
         rlhf_main(train_argv(tmp_path, "--rlhf_type", "gkd"))
+
+
+def test_a_resumed_gkd_run_matches_an_uninterrupted_one(tmp_path, tiny):
+    """The on/off-policy coin and the sampling seeds come from (seed, step, micro-batch): a run resumed
+    from step 2 draws what the uninterrupted run drew (it replayed steps 1-2's pattern before)."""
+    import copy
+    import shutil
+
+    from safetensors.torch import load_file
+
+    model, tokenizer, _ = tiny
+    teacher = copy.deepcopy(model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    teacher.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+
+    def argv(out, *extra):
+        return train_argv(out, "--rlhf_type", "gkd", "--teacher_model", str(tmp_path / "teacher"), "--tuner_type",
+                          "full", "--max_steps", "6", "--lmbda", "0.5", "--max_completion_length", "4",
+                          "--temperature", "1.0", "--save_strategy", "steps", "--save_steps", "1",
+                          "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "2", *extra)
+
+    rlhf_main(argv(tmp_path / "straight"))
+    straight = {r["global_step"]: r for r in train_logs(tmp_path / "straight")}
+    assert 0 < sum(r["on_policy"] for r in straight.values()) < 6  # both kinds of step occur
+    out = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight" / "checkpoint-2", out / "checkpoint-2")
+    rlhf_main(argv(out, "--resume_from_checkpoint", str(out / "checkpoint-2")))
+    resumed = {r["global_step"]: r for r in train_logs(out)}
+    assert sorted(resumed) == [3, 4, 5, 6]
+    for s, r in resumed.items():
+        assert r["on_policy"] == straight[s]["on_policy"] and r["loss"] == pytest.approx(straight[s]["loss"]), s
+    final, weights = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
+    for name, tensor in final.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=name)
