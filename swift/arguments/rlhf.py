@@ -17,10 +17,11 @@ class RlhfArguments:
     rlhf_type: str = field(default="dpo", metadata={
         "help": "Algorithm: dpo, orpo, simpo, cpo, kto, rm, prm, gkd, grpo, ppo."})
     ref_model: str | None = field(default=None, metadata={
-        "help": "Reference model (default: the frozen starting model; for LoRA, the policy with adapters disabled)."})
+        "help": "Reference model (default: the frozen starting model; for LoRA and --adapters, the policy with its "
+                "adapters disabled, i.e. the base model without --adapters, as in ms-swift)."})
     ref_adapters: list[str] = field(default_factory=list, metadata={
         "help": "LoRA adapters merged into the reference model (--ref_model, else --model), e.g. the SFT adapter "
-                "the policy starts from."})
+                "the policy starts from (give the --adapters directories to make the reference the adapted model)."})
     precompute_ref_log_probs: bool = field(default=False, metadata={
         "help": "Compute the reference log-probs of every sample once before training, then free the reference."})
     beta: float | None = field(default=None, metadata={

@@ -22,7 +22,10 @@ from swift.template.base import IGNORE_INDEX, RowError, Template
 from swift.trainers.grpo import GRPOTrainer
 from swift.trainers.ppo import PPOTrainer
 from swift.trainers.rlhf import ClassifierTrainer, DistillTrainer, PreferenceTrainer
+from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
 
 TRAINERS = {"preference": PreferenceTrainer, "classifier": ClassifierTrainer, "distill": DistillTrainer,
             "rollout": GRPOTrainer}
@@ -218,8 +221,14 @@ class RLHFPipeline(TrainPipeline):
             elif a.ref_model:
                 extra["ref_model"] = load_model(a.ref_model, use_hf=a.use_hf, torch_dtype=a.torch_dtype,
                                                 check_model=a.check_model)[0]
-            elif (a.tuner_type == "lora" and not a.adapters) or a.precompute_ref_log_probs:
-                extra["ref_model"] = None  # LoRA: the policy with adapters disabled; precompute: the policy at step 0
+            elif a.tuner_type == "lora" or a.adapters or a.precompute_ref_log_probs:
+                # LoRA and --adapters: the policy with its adapters disabled (the base, no second copy);
+                # precompute: the policy at step 0
+                extra["ref_model"] = None
+                if a.adapters and not a.precompute_ref_log_probs:
+                    logger.info(f"the reference model is the base without --adapters {' '.join(a.adapters)} (as "
+                                "in ms-swift); to make it the adapted model, give the same directories to "
+                                "--ref_adapters")
             elif zero3(a.training_args):  # the policy's weights are partitioned: load the reference again
                 extra["ref_model"] = load_model(a.model, use_hf=a.use_hf, revision=a.model_revision,
                                                 torch_dtype=a.torch_dtype, attn_impl=a.attn_impl)[0]

@@ -1,4 +1,5 @@
 """`swift rlhf --rlhf_type dpo` end to end on the built-in model."""
+import copy
 import json
 import os
 
@@ -87,3 +88,45 @@ def test_full_training_in_bf16_mixed_precision(tmp_path, rlhf_type):
                          "bfloat16", "--max_steps", "2"))
     logs = [r for r in read_log(tmp_path) if "loss" in r]
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logs)
+
+
+def test_adapters_reference_is_the_base_through_the_adapter_switch(tmp_path, tiny):
+    """`--adapters A` with LoRA: no second copy of the model; the reference's log-probs are the base
+    model's (the policy with A disabled), and the log says so and how to make it the adapted model.
+    (It was a deep copy of the bare base made before A loaded: a second model in memory.)"""
+    import logging
+
+    from peft import LoraConfig, get_peft_model
+
+    from swift.pipelines.base import resolve_args
+    from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
+    from swift.rlhf.logps import labelled_positions
+    from swift.trainers.rlhf import forward_logps
+
+    model, tokenizer, _ = tiny
+    base = copy.deepcopy(model)
+    adapted = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules="all-linear",
+                                                              init_lora_weights=False))
+    adapted.save_pretrained(tmp_path / "adapter")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("swift").addHandler(handler)
+    try:
+        trainer = RLHFPipeline(resolve_args(RLHFArguments, [
+            "--model", "builtin:tiny-chat", "--rlhf_type", "dpo", "--dataset", "builtin:arith-dpo#4",
+            "--adapters", str(tmp_path / "adapter"), "--output_dir", str(tmp_path / "out"), "--report_to", "none"],
+            "swift rlhf")).build_trainer()
+    finally:
+        logging.getLogger("swift").removeHandler(handler)
+    assert trainer.ref_model is None
+    assert any("--ref_adapters" in r.getMessage() and "base without --adapters" in r.getMessage() for r in records)
+    batch = next(iter(trainer.get_train_dataloader()))
+    keep = labelled_positions(batch["labels"])
+    trainer.model.eval()
+    with torch.no_grad():
+        ref = trainer._reference_logps(batch, keep).sums
+        policy = forward_logps(trainer.model, batch, keep).sums
+        expected = forward_logps(base.eval(), batch, keep).sums
+    torch.testing.assert_close(ref, expected, rtol=1e-5, atol=1e-5)
+    assert (policy - ref).abs().max() > 1e-3  # the adapter is on in the policy
