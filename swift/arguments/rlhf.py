@@ -61,6 +61,7 @@ class RlhfArguments:
     def __post_init__(self) -> None:
         from swift.rlhf import ALGORITHMS
 
+        self._refuse_unread(ALGORITHMS.get(self.rlhf_type))
         for name in ("vllm_server_host", "vllm_server_port"):
             value = getattr(self, name)
             if isinstance(value, (list, tuple)):
@@ -87,8 +88,6 @@ class RlhfArguments:
                 setattr(self, name, value)
         if isinstance(self.loss_type, str):
             self.loss_type = [self.loss_type]
-        if self.loss_type and algo.loss_types is None:
-            raise SwiftError(f"--loss_type does not apply to --rlhf_type {self.rlhf_type}")
         for name in self.loss_type or []:
             algo.loss_types.get(name)  # a miss lists the valid names
         if self.loss_weights and len(self.loss_weights) != len(self.loss_type or []):
@@ -256,6 +255,26 @@ class RlhfArguments:
     reward_clip_range: list[float] = field(default_factory=list, metadata={
         "help": "ppo: LOW HIGH: clip each completion's score to this range (OpenRLHF clips to -10 10)."})
 
+    def _refuse_unread(self, algo) -> None:
+        """A flag this algorithm does not read, given a value other than its default, is refused in
+        one line (before aliases and defaults change any value), naming the algorithms that read it."""
+        import dataclasses
+
+        from swift.rlhf import ALGORITHMS
+        from swift.rlhf.base import FLAG_ALIASES
+
+        for f in dataclasses.fields(RlhfArguments):
+            name = FLAG_ALIASES.get(f.name, f.name)
+            if name in algo.flags:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            value = getattr(self, f.name)
+            if value == default or (isinstance(default, list) and len(default) == 1 and value == default[0]):
+                continue
+            readers = [t for t in ALGORITHMS if name in ALGORITHMS.get(t).flags]
+            raise SwiftError(f"--{f.name} does nothing for --rlhf_type {self.rlhf_type}; it is read by --rlhf_type "
+                             f"{', '.join(readers) or '(none)'}")
+
     def _apply_aliases(self) -> None:
         """TRL's and OpenRLHF's names for our flags; both given with different values is an error."""
         for alias, name in (("n_samples_per_prompt", "num_generations"), ("num_ppo_epochs", "num_iterations"),
@@ -285,16 +304,8 @@ class RlhfArguments:
             self.remote_rm_url = None
 
     def _check_ppo(self) -> None:
+        # PPO's own flags given to another algorithm are refused by `_refuse_unread`
         if not self.algorithm.critic:
-            if self.prm_model and self.algorithm.trainer != "rollout":
-                raise SwiftError(f"--prm_model scores rollouts of --rlhf_type grpo or ppo, not {self.rlhf_type}")
-            for name in ("critic_model", "critic_backbone", "critic_learning_rate", "num_mini_batches", "kl_target",
-                         "kl_horizon", "missing_eos_penalty", "gamma", "lam", "vf_coef", "cliprange_value"):
-                if getattr(self, name) is not None:
-                    raise SwiftError(f"--{name} applies to --rlhf_type ppo (a learned critic), not {self.rlhf_type}")
-            if self.whiten_rewards or self.reward_clip_range:
-                flag = "whiten_rewards" if self.whiten_rewards else "reward_clip_range"
-                raise SwiftError(f"--{flag} applies to --rlhf_type ppo, not {self.rlhf_type}")
             if self.advantage_estimator == "gae":
                 raise SwiftError("--advantage_estimator gae needs a learned critic: use --rlhf_type ppo")
             return
@@ -309,11 +320,6 @@ class RlhfArguments:
         if self.critic_backbone == "shared" and self.critic_model:
             raise SwiftError("--critic_model starts a separate critic; --critic_backbone shared puts the value head on "
                              "the policy itself: give one")
-        if self.dynamic_sample:
-            raise SwiftError("--dynamic_sample resamples groups of equal rewards, which PPO's critic does not need")
-        if self.scale_rewards is not None:
-            raise SwiftError("--scale_rewards applies to grpo's group advantages; ppo whitens its GAE advantages "
-                             "(and --whiten_rewards its rewards)")
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
             raise SwiftError(f"--gamma and --lam must be in [0, 1], got {self.gamma} and {self.lam}")
         if self.vf_coef < 0 or self.cliprange_value <= 0:
@@ -364,9 +370,6 @@ class RlhfArguments:
             raise SwiftError(f"--loss_type takes one loss for {self.rlhf_type} (grpo, bnpo, dr_grpo, dapo, cispo or "
                              f"sapo), got "
                              f"{' '.join(self.loss_type)}")
-        if self.precompute_ref_log_probs:
-            raise SwiftError("--precompute_ref_log_probs does not apply to --rlhf_type grpo: its completions are "
-                             "sampled during training, and the reference scores each rollout as it comes (--beta > 0)")
         if not 0 < self.top_entropy_quantile <= 1:
             raise SwiftError(f"--top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}")
         if self.beta < 0:

@@ -22,6 +22,8 @@ class Algorithm:
         classifier: `loss(logits, batch, args)`; distill: `loss(student_logits, teacher_logits, args)`
         (the logits of the labelled positions only); rollout: `swift.rlhf.grpo.policy_loss`.
     defaults: default argument values (e.g. beta) that the user did not set.
+    flags: the `swift rlhf` flags (RlhfArguments fields) this algorithm reads; a value other than its
+        default for any other one is refused in one line (`swift.arguments.rlhf`).
     whole_sequence_nll: the preference trainer also sums log-probs over every token (prompt included).
     critic: online RL with a learned value model (PPO): per-token advantages by GAE.
     """
@@ -36,6 +38,28 @@ class Algorithm:
     loss_types: Registry | None = None
     whole_sequence_nll: bool = False
     critic: bool = False
+    flags: frozenset = frozenset()
+
+
+# flag groups the algorithms' `flags` are built from
+COMMON_FLAGS = frozenset({"rlhf_type", "disable_dropout", "external_plugins"})
+REFERENCE_FLAGS = frozenset({"ref_model", "ref_adapters"})
+SAMPLING_FLAGS = frozenset({"max_completion_length", "temperature", "top_p", "top_k", "repetition_penalty"})
+ROLLOUT_FLAGS = COMMON_FLAGS | REFERENCE_FLAGS | SAMPLING_FLAGS | frozenset({
+    "beta", "loss_type", "num_generations", "reward_funcs", "reward_weights", "reward_model", "prm_model",
+    "reward_model_url", "step_separator", "epsilon", "epsilon_high", "delta", "tau_pos", "tau_neg", "num_iterations",
+    "steps_per_generation", "generation_batch_size", "advantage_estimator", "importance_sampling_level",
+    "kl_estimator", "top_entropy_quantile", "overlong_filter", "soft_max_length", "soft_cache_length",
+    "cosine_max_len", "cosine_min_len_value_correct", "cosine_max_len_value_correct", "cosine_min_len_value_wrong",
+    "cosine_max_len_value_wrong", "repetition_n_grams", "repetition_max_penalty", "multi_turn_scheduler",
+    "max_turns", "gym_env", "log_completions", "use_vllm", "vllm_mode", "rollout_mode", "vllm_server_host",
+    "vllm_server_port", "vllm_server_api_key", "vllm_server_timeout", "weight_sync_bucket_mb", "async_generate",
+    "rollout_importance_sampling_mode", "rollout_importance_sampling_threshold", "vllm_gpu_memory_utilization",
+    "vllm_max_model_len", "vllm_enforce_eager"})
+# other names for flags (TRL's, OpenRLHF's, ms-swift's): read wherever what they name is read
+FLAG_ALIASES = {"n_samples_per_prompt": "num_generations", "num_ppo_epochs": "num_iterations", "kl_coef": "beta",
+                "init_kl_coef": "beta", "cliprange": "epsilon", "remote_rm_url": "reward_funcs",
+                "vllm_server_base_url": "vllm_server_host"}
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("rlhf algorithm")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, Algorithm
 from swift.rlhf.logps import SequenceLogps, pair_metrics
 
 
@@ -26,4 +26,5 @@ def batch_loss(policy: SequenceLogps, ref, batch: dict, a) -> tuple[torch.Tensor
 
 
 ALGORITHMS.register("cpo", Algorithm(trainer="preference", data="pair", loss=batch_loss,
-                                     defaults={"beta": 0.1, "cpo_alpha": 1.0}))
+                                     defaults={"beta": 0.1, "cpo_alpha": 1.0},
+                                     flags=COMMON_FLAGS | {"beta", "label_smoothing", "cpo_alpha"}))

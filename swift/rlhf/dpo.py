@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, REFERENCE_FLAGS, Algorithm
 from swift.rlhf.logps import SequenceLogps, pair_metrics
 from swift.utils.registry import Registry
 
@@ -103,4 +103,7 @@ def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tup
 
 
 ALGORITHMS.register("dpo", Algorithm(trainer="preference", data="pair", loss=batch_loss, reference=True,
-                                     defaults={"beta": 0.1, "loss_type": ["sigmoid"]}, loss_types=DPO_LOSSES))
+                                     defaults={"beta": 0.1, "loss_type": ["sigmoid"]}, loss_types=DPO_LOSSES,
+                                     flags=COMMON_FLAGS | REFERENCE_FLAGS | {
+                                         "precompute_ref_log_probs", "beta", "loss_type", "loss_weights",
+                                         "label_smoothing", "rpo_alpha"}))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from swift.rlhf import logps
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, SAMPLING_FLAGS, Algorithm
 
 
 def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -73,4 +73,5 @@ def batch_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, a) ->
 
 
 ALGORITHMS.register("gkd", Algorithm(trainer="distill", data="conversation", loss=batch_loss,
-                                     defaults={"beta": 0.5}))
+                                     defaults={"beta": 0.5}, flags=COMMON_FLAGS | SAMPLING_FLAGS | {
+                                         "beta", "teacher_model", "seq_kd", "lmbda", "sft_alpha"}))

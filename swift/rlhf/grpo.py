@@ -41,7 +41,7 @@ from typing import Callable
 
 import torch
 
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, ROLLOUT_FLAGS, Algorithm
 from swift.utils.dist import gather_cat
 from swift.utils.registry import Registry
 
@@ -244,7 +244,7 @@ ALGORITHMS.register("grpo", Algorithm(
     trainer="rollout", data="prompt", loss=policy_loss, reference=True,
     defaults={"beta": 0.04, "loss_type": ["grpo"], "kl_estimator": "k3", "num_generations": 8,
               "advantage_estimator": "grpo", "num_iterations": 1, "epsilon": 0.2},
-    loss_types=LOSS_TYPES))
+    loss_types=LOSS_TYPES, flags=ROLLOUT_FLAGS | {"scale_rewards", "dynamic_sample", "max_resample_times"}))
 
 
 def rollout_importance_weights(old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, mode: str,

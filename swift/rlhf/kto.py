@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, REFERENCE_FLAGS, Algorithm
 from swift.rlhf.logps import SequenceLogps
 from swift.utils.dist import global_mean
 
@@ -47,4 +47,7 @@ def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tup
 
 
 ALGORITHMS.register("kto", Algorithm(trainer="preference", data="unpaired", loss=batch_loss, reference=True,
-                                     defaults={"beta": 0.1}))
+                                     defaults={"beta": 0.1},
+                                     flags=COMMON_FLAGS | REFERENCE_FLAGS | {
+                                         "precompute_ref_log_probs", "beta", "desirable_weight",
+                                         "undesirable_weight"}))

@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, Algorithm
 from swift.rlhf.logps import SequenceLogps, pair_metrics
 
 
@@ -38,4 +38,4 @@ def batch_loss(policy: SequenceLogps, ref, batch: dict, a) -> tuple[torch.Tensor
 
 
 ALGORITHMS.register("orpo", Algorithm(trainer="preference", data="pair", loss=batch_loss, defaults={"beta": 0.1},
-                                      whole_sequence_nll=True))
+                                      whole_sequence_nll=True, flags=COMMON_FLAGS | {"beta"}))

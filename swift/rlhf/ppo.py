@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, ROLLOUT_FLAGS, Algorithm
 from swift.rlhf.grpo import LOSS_TYPES, policy_loss, token_mean
 
 WHITEN_EPS = 1e-8
@@ -112,4 +112,6 @@ ALGORITHMS.register("ppo", Algorithm(
     defaults={"beta": 0.05, "loss_type": ["dapo"], "kl_estimator": "k1", "num_generations": 1,
               "advantage_estimator": "gae", "num_iterations": 4, "epsilon": 0.2, "gamma": 1.0, "lam": 0.95,
               "vf_coef": 0.1, "cliprange_value": 0.2, "kl_horizon": 10000},
-    loss_types=LOSS_TYPES))
+    loss_types=LOSS_TYPES, flags=ROLLOUT_FLAGS | {
+        "critic_model", "critic_backbone", "critic_learning_rate", "num_mini_batches", "kl_target", "kl_horizon",
+        "cliprange_value", "vf_coef", "gamma", "lam", "whiten_rewards", "missing_eos_penalty", "reward_clip_range"}))

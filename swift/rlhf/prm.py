@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, Algorithm
 from swift.rlhf.logps import IGNORE_INDEX
 
 
@@ -30,4 +30,4 @@ def batch_loss(logits: torch.Tensor, batch: dict, a) -> tuple[torch.Tensor, dict
 
 
 ALGORITHMS.register("prm", Algorithm(trainer="classifier", data="steps", loss=batch_loss, task_type="token_cls",
-                                     num_labels=2))
+                                     num_labels=2, flags=COMMON_FLAGS | {"step_separator"}))

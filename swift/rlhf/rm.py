@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, Algorithm
 
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None,
@@ -34,4 +34,4 @@ def batch_loss(logits: torch.Tensor, batch: dict, a) -> tuple[torch.Tensor, dict
 
 
 ALGORITHMS.register("rm", Algorithm(trainer="classifier", data="pair", loss=batch_loss, task_type="seq_cls",
-                                    num_labels=1))
+                                    num_labels=1, flags=COMMON_FLAGS | {"center_rewards_coefficient"}))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from swift.rlhf.base import ALGORITHMS, Algorithm
+from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, Algorithm
 from swift.rlhf.cpo import smoothed_sigmoid_loss
 from swift.rlhf.logps import SequenceLogps, pair_metrics
 
@@ -29,4 +29,5 @@ def batch_loss(policy: SequenceLogps, ref, batch: dict, a) -> tuple[torch.Tensor
 
 
 ALGORITHMS.register("simpo", Algorithm(trainer="preference", data="pair", loss=batch_loss,
-                                       defaults={"beta": 2.0, "cpo_alpha": 1.0}))
+                                       defaults={"beta": 2.0, "cpo_alpha": 1.0},
+                                       flags=COMMON_FLAGS | {"beta", "label_smoothing", "cpo_alpha", "simpo_gamma"}))

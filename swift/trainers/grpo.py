@@ -278,15 +278,57 @@ class GRPOTrainer(RLHFTrainer):
                            "function returned None); they are left out of the loss")
         micro = self._micro_batches(trajectories, scored)
         advantages = self._assign_advantages(micro, rewards, trajectories, steps)
-        # dapo's normaliser: the loss tokens of each optimizer step's micro-batches, over all ranks
+        self._set_step_tokens(micro)
+        self._log_rollout(prompts, trajectories, rewards, per_func, advantages)
+        return micro
+
+    def _set_step_tokens(self, micro: list[dict]) -> None:
+        """dapo's normaliser: the loss tokens of each optimizer step's micro-batches, over all ranks."""
         ga = self.args.gradient_accumulation_steps
         tokens = torch.stack([b["loss_mask"].sum() for b in micro]).view(-1, ga).sum(-1)
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.reduce(tokens.to(self.args.device), reduction="sum").cpu()
         for s, batch in enumerate(micro):
             batch["step_tokens"] = tokens[s // ga]
-        self._log_rollout(prompts, trajectories, rewards, per_func, advantages)
-        return micro
+
+    # PPO (as TRL's) deals the generation batch's rows into new mini-batches on every pass over it;
+    # GRPO (as TRL's) keeps one split for all its iterations
+    reshuffle_passes = False
+
+    def _reshuffled(self, micro: list[dict]) -> list[dict]:
+        """This rank's rows of the generation batch in a new order, cut into micro-batches of the same
+        size, each padded to its own widths (as `tensorize` would pad them); the order comes from
+        (seed, micro-batches trained so far), so a resumed run deals the same."""
+        rows = micro[0]["completion_ids"].size(0)
+        merged = {}
+        for key in micro[0]:
+            parts = [b[key] for b in micro]
+            if not torch.is_tensor(parts[0]):
+                raise TypeError(f"micro-batch field {key!r} is not a tensor; it cannot be dealt into new mini-batches")
+            if parts[0].dim() == 0:  # step_tokens: counted again below
+                continue
+            if parts[0].dim() == 2:
+                width = max(p.size(1) for p in parts)
+                fill = {"completion_ids": self.processing_class.pad_token_id, "sampling_logps": float("nan")}.get(key, 0)
+                left = key.startswith("prompt")  # prompts are left-padded, the rest right-padded
+                parts = [torch.nn.functional.pad(p, (width - p.size(1), 0) if left else (0, width - p.size(1)),
+                                                 value=fill) for p in parts]
+            merged[key] = torch.cat(parts)
+        g = torch.Generator().manual_seed((self.args.seed * 1_000_003 + self._uses) % 2 ** 63)
+        order = torch.randperm(merged["completion_ids"].size(0), generator=g)
+        out = []
+        for start in range(0, order.numel(), rows):
+            pick = order[start:start + rows]
+            batch = {key: value[pick] for key, value in merged.items()}
+            lead = int((batch["prompt_mask"].sum(0) == 0).long().cumprod(0).sum())  # all-padding columns
+            filled = batch["completion_mask"].sum(0).nonzero()
+            used = int(filled.max()) + 1 if filled.numel() else 1
+            for key, value in batch.items():
+                if value.dim() == 2:
+                    batch[key] = value[:, lead:] if key.startswith("prompt") else value[:, :used]
+            out.append(batch)
+        self._set_step_tokens(out)
+        return out
 
     def _sample_and_score(self, prompts: list[dict]) -> tuple[list[Trajectory], torch.Tensor, list]:
         a, n = self.rlhf_args, self.num_generations
@@ -408,6 +450,9 @@ class GRPOTrainer(RLHFTrainer):
         if position == 0:  # `inputs` is this generation batch's first micro-batch of prompts
             self._queue.forget_before(self._uses)
             self._buffer = self._generate_and_score(self._queue.prompts_from(self._uses))
+        elif self.reshuffle_passes and position % self.steps_per_generation == 0 and len(self._buffer) > 1:
+            # a new pass over the generation batch, in new mini-batches
+            self._buffer = self._reshuffled(self._buffer)
         self._uses += 1
         return super().training_step(model, dict(self._buffer[position % self.steps_per_generation]),
                                      num_items_in_batch)

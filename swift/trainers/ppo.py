@@ -22,6 +22,7 @@ from swift.trainers.grpo import GRPOTrainer
 
 class PPOTrainer(GRPOTrainer):
     always_old_logps = True  # the KL penalty of the reward compares them with the reference's
+    reshuffle_passes = True  # new mini-batches on every PPO epoch, as TRL
 
     def __init__(self, *args, critic: Critic, **kwargs):
         super().__init__(*args, **kwargs)

@@ -222,3 +222,73 @@ def test_quantization_and_liger_flags_stop_in_one_line_where_they_cannot_work():
     with pytest.raises(SwiftError, match="^--quant_bits must be 4 or 8"):
         parse_args(SftArguments, [*base, "--quant_bits", "3"])
     assert parse_args(SftArguments, [*base, "--quant_bits", "4", "--quant_method", "bnb"]).quant_bits == 4
+
+
+def _other_value(f):
+    """A value of the field's kind that differs from its default."""
+    import dataclasses
+
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    kind = str(f.type)
+    if isinstance(default, bool) or "bool" in kind:
+        return not default
+    if isinstance(default, list) or "list" in kind:
+        return ["x"] if not default else default + default
+    if "int" in kind and "float" not in kind:
+        return (default or 0) + 3
+    if "float" in kind:
+        return (default or 0.0) + 0.25
+    return "x" if default != "x" else "y"
+
+
+def test_every_flag_is_refused_where_its_algorithm_does_not_read_it():
+    """Every `swift rlhf` flag × every algorithm: a non-default value of a flag the algorithm does
+    not declare is refused in one line naming who reads it; a declared one is never refused as
+    unread (it may fail other checks for the value chosen here)."""
+    import dataclasses
+
+    from swift.arguments.rlhf import RlhfArguments
+    from swift.rlhf import ALGORITHMS
+    from swift.rlhf.base import FLAG_ALIASES
+
+    names = {f.name for f in dataclasses.fields(RlhfArguments)}
+    for rlhf_type in ALGORITHMS:
+        algo = ALGORITHMS.get(rlhf_type)
+        assert algo.flags <= names, (rlhf_type, algo.flags - names)  # no typo in a declaration
+        for f in dataclasses.fields(RlhfArguments):
+            if f.name == "rlhf_type":
+                continue
+            read = FLAG_ALIASES.get(f.name, f.name) in algo.flags
+            kwargs = {"rlhf_type": rlhf_type, f.name: _other_value(f)}
+            if rlhf_type == "gkd" and f.name != "teacher_model":
+                kwargs.setdefault("teacher_model", "t")
+            try:
+                RlhfArguments(**kwargs)
+                error = None
+            except SwiftError as e:
+                error = str(e)
+            except Exception as e:  # another check met the made-up value: it was read
+                error = f"{type(e).__name__}: {e}"
+            unread = error is not None and f"--{f.name} does nothing for --rlhf_type {rlhf_type}" in error
+            assert unread != read, (rlhf_type, f.name, error)
+
+
+def test_flags_ignored_before_are_refused_in_one_line():
+    from swift.arguments.rlhf import RlhfArguments
+
+    for kwargs, message in [
+        ({"rlhf_type": "dpo", "reward_funcs": ["accuracy"]}, "--reward_funcs does nothing for --rlhf_type dpo; it is "
+                                                             "read by --rlhf_type grpo, ppo"),
+        ({"rlhf_type": "dpo", "use_vllm": True}, "--use_vllm does nothing for --rlhf_type dpo"),
+        ({"rlhf_type": "grpo", "num_iterations": 2, "teacher_model": "t"}, "--teacher_model does nothing"),
+        ({"rlhf_type": "kto", "rpo_alpha": 0.1}, "--rpo_alpha does nothing for --rlhf_type kto"),
+        ({"rlhf_type": "orpo", "label_smoothing": 0.1}, "--label_smoothing does nothing for --rlhf_type orpo"),
+        ({"rlhf_type": "grpo", "label_smoothing": 0.1}, "--label_smoothing does nothing for --rlhf_type grpo"),
+        ({"rlhf_type": "orpo", "ref_model": "m"}, "--ref_model does nothing for --rlhf_type orpo"),
+        ({"rlhf_type": "dpo", "cliprange": 0.3}, "--cliprange does nothing for --rlhf_type dpo"),
+        ({"rlhf_type": "rm", "beta": 0.5}, "--beta does nothing for --rlhf_type rm"),
+    ]:
+        with pytest.raises(SwiftError, match=message):
+            RlhfArguments(**kwargs)
+    RlhfArguments(rlhf_type="dpo", max_completion_length=512, temperature=0.9)  # defaults pass
+    RlhfArguments(rlhf_type="dpo", kl_coef=0.2)  # TRL's name for beta

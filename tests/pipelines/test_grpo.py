@@ -181,7 +181,7 @@ def test_steps_per_generation_must_be_a_multiple_of_accumulation(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--loss_type", "dapo", "bnpo"], "--loss_type takes one loss for grpo"),
-    (["--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs does not apply"),
+    (["--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs does nothing for --rlhf_type grpo"),
     (["--loss_type", "cispo", "--epsilon_high", "0.28"], "--epsilon_high 0.28: with --loss_type cispo it caps"),
     (["--delta", "1.1"], r"--delta must be greater than 1 \+ --epsilon"),
     (["--loss_type", "sapo", "--delta", "2"], "--delta applies to the clipped losses"),

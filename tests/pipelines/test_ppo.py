@@ -172,11 +172,12 @@ def test_critic_from_a_reward_model_directory(tmp_path):
     (["--rlhf_type", "ppo", "--reward_clip_range", "1"], "--reward_clip_range takes LOW HIGH"),
     (["--rlhf_type", "ppo", "--kl_coef", "0.1", "--beta", "0.2"], "--kl_coef 0.1 and --beta 0.2"),
     (["--rlhf_type", "ppo", "--deepspeed", "zero2"], "not in this version yet"),
-    (["--rlhf_type", "grpo", "--critic_model", "x"], "--critic_model applies to --rlhf_type ppo"),
+    (["--rlhf_type", "grpo", "--critic_model", "x"], "--critic_model does nothing for --rlhf_type grpo; it is read "
+                                                     "by --rlhf_type ppo"),
     (["--rlhf_type", "ppo", "--critic_backbone", "shared", "--critic_model", "x"], "give one"),
     (["--rlhf_type", "ppo", "--critic_backbone", "policy"], "--critic_backbone must be separate or shared"),
     (["--rlhf_type", "ppo", "--remote_rm_url", "ftp://x"], "must be an http(s) URL or a .py file"),
-    (["--rlhf_type", "grpo", "--algo.advantage.gamma", "0.9"], "--gamma applies to --rlhf_type ppo"),
+    (["--rlhf_type", "grpo", "--algo.advantage.gamma", "0.9"], "--gamma does nothing for --rlhf_type grpo"),
     (["--rlhf_type", "ppo", "--kl_target", "1", "--beta", "0"], "--kl_target adapts the KL coefficient"),
     (["--rlhf_type", "ppo", "--fp16", "true"], "--fp16 with --rlhf_type ppo"),
     (["--rlhf_type", "ppo", "--epsilon", "0.2", "--cliprange", "0.3"], "--cliprange 0.3 and --epsilon 0.2"),
@@ -282,3 +283,25 @@ def test_with_dropout_on_the_sampling_pass_runs_in_eval_mode(tmp_path, monkeypat
     update = [m for m in modes if m[0] == "update"]
     assert sampling and all(not policy and not critic for _, policy, critic in sampling)
     assert update and all(policy for _, policy, _ in update)
+
+
+def test_each_ppo_epoch_deals_the_rows_into_new_mini_batches(tmp_path, monkeypatch):
+    """As TRL's PPO: every pass over the rollout batch (--num_ppo_epochs) draws a new permutation of
+    its rows before cutting mini-batches (--num_mini_batches); the rows themselves are the same."""
+    seen = []
+    original = PPOTrainer._policy_objective
+
+    def spy(self, model, inputs, *args, **kwargs):
+        rows = []
+        for p, pm, c, cm in zip(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
+                                inputs["completion_mask"]):
+            rows.append((tuple(p[pm.bool()].tolist()), tuple(c[cm.bool()].tolist())))
+        seen.append(frozenset(rows))
+        return original(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(PPOTrainer, "_policy_objective", spy)
+    rlhf_main(ppo_argv(tmp_path, "--max_steps", "4", "--num_ppo_epochs", "2", "--num_mini_batches", "2",
+                       "--per_device_train_batch_size", "4", "--dataset", "builtin:arith-sft#8"))
+    first, second = seen[:2], seen[2:4]  # one rollout of 8 rows: two passes of two mini-batches of 4
+    assert len(seen) == 4 and first[0] | first[1] == second[0] | second[1] and len(first[0] | first[1]) == 8
+    assert {first[0], first[1]} != {second[0], second[1]}

@@ -52,7 +52,8 @@ def concat(a: torch.Tensor, b: torch.Tensor, pad) -> torch.Tensor:
 def args(rlhf_type, **overrides):
     from swift.arguments.rlhf import RlhfArguments
 
-    return SimpleNamespace(**{**vars(RlhfArguments(rlhf_type=rlhf_type, teacher_model="t")), **overrides})
+    teacher = {"teacher_model": "t"} if rlhf_type == "gkd" else {}
+    return SimpleNamespace(**{**vars(RlhfArguments(rlhf_type=rlhf_type, **teacher)), **overrides})
 
 
 @pytest.mark.parametrize("rlhf_type, trl_kwargs, ours", [
