@@ -512,13 +512,22 @@ class GRPOTrainer(RLHFTrainer):
 
     # -- metrics and evaluation --------------------------------------------------------------------
     def _log_rollout(self, prompts, trajectories, rewards, per_func, advantages) -> None:
-        n = self.num_generations
-        for key, value in rollout_metrics(rewards, per_func, self.rewards.names, trajectories, n,
-                                          self.scheduler is not None).items():
+        # over every rank's rows (as TRL gathers them), not a mean of each rank's own means
+        mine = (rewards.tolist(), [list(v) for v in per_func], [float(sum(t.loss_mask)) for t in trajectories],
+                [bool(t.truncated) for t in trajectories], [t.turns for t in trajectories])
+        parts = [mine]
+        if self.accelerator.num_processes > 1:
+            parts = [None] * self.accelerator.num_processes
+            dist.all_gather_object(parts, mine)
+        everyone = [sum((p[i] for p in parts), []) for i in (0, 2, 3, 4)]
+        per_func_all = [sum((p[1][f] for p in parts), []) for f in range(len(per_func))]
+        for key, value in rollout_metrics(torch.tensor(everyone[0]), per_func_all, self.rewards.names, everyone[1],
+                                          everyone[2], everyone[3] if self.scheduler is not None else None,
+                                          self.num_generations).items():
             self._metrics["train"][key].append(value)
         if self.rlhf_args.log_completions and (not dist.is_initialized() or dist.get_rank() == 0):
             write_completions(self._completions_path, self.state.global_step, prompts, trajectories, rewards,
-                              advantages, self.rewards.names, per_func, n)
+                              advantages, self.rewards.names, per_func, self.num_generations)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """One answer per eval prompt, sampled as in training (as TRL does) from a fixed seed so that

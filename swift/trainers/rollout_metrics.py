@@ -14,10 +14,11 @@ def _scored(values: list[float]) -> torch.Tensor:
     return v[~v.isnan()]
 
 
-def rollout_metrics(rewards: torch.Tensor, per_func: list[list[float]], names: list[str], trajectories,
-                    num_generations: int, multi_turn: bool) -> dict[str, float]:
+def rollout_metrics(rewards: torch.Tensor, per_func: list[list[float]], names: list[str], lengths: list[float],
+                    truncated: list[bool], turns: list[int] | None, num_generations: int) -> dict[str, float]:
     """Rewards (mean, the groups' std, the share of groups with one reward), each function's mean and
-    std over the rows it scored, and completion lengths, clipping and turns."""
+    std over the rows it scored, and completion lengths (loss tokens), clipping and turns (multi-turn)
+    of the whole generation batch (every rank's rows)."""
     out = {"reward": rewards.nanmean().item()}
     if num_generations > 1:  # the spread within groups (one completion per prompt has none)
         std = nanstd(rewards.view(-1, num_generations), dim=1).squeeze(1)
@@ -27,12 +28,12 @@ def rollout_metrics(rewards: torch.Tensor, per_func: list[list[float]], names: l
         if v.numel():
             out[f"rewards/{name}/mean"] = v.mean().item()
             out[f"rewards/{name}/std"] = v.std().item() if v.numel() > 1 else 0.0
-    lengths = torch.tensor([float(sum(t.loss_mask)) for t in trajectories])
-    out.update({"completions/mean_length": lengths.mean().item(), "completions/min_length": lengths.min().item(),
-                "completions/max_length": lengths.max().item(),
-                "completions/clipped_ratio": sum(t.truncated for t in trajectories) / len(trajectories)})
-    if multi_turn:
-        out["completions/mean_turns"] = sum(t.turns for t in trajectories) / len(trajectories)
+    length = torch.tensor(lengths)
+    out.update({"completions/mean_length": length.mean().item(), "completions/min_length": length.min().item(),
+                "completions/max_length": length.max().item(),
+                "completions/clipped_ratio": sum(truncated) / len(truncated)})
+    if turns is not None:
+        out["completions/mean_turns"] = sum(turns) / len(turns)
     return out
 
 

@@ -58,6 +58,18 @@ def test_grpo_batch_statistics_are_the_global_batch_s(tmp_path, quickstart):
     assert logs[0]["loss"] != 0  # the advantages are not all zero
 
 
+def test_grpo_with_unscored_rows_on_two_ranks_equals_one_rank(tmp_path, quickstart):
+    # completions with a 7 get no reward: the ranks' micro-batches hold different numbers of
+    # rows that carry loss; grpo's per-row mean divides by every row (as TRL), so 2 ranks × 4 rows
+    # equal 1 rank × 8 (dividing by the rows with loss did not)
+    sft = os.path.join(quickstart[1], "sft")
+    logs = assert_same_run(tmp_path, ["reward"], "--model", sft, "--rlhf_type", "grpo",
+                           "--dataset", "builtin:arith-sft#16", "--reward_funcs", "text_length_sevens_unscored",
+                           "--external_plugins", TEXT_LENGTH[-1], "--num_generations", "2", "--temperature", "0",
+                           "--max_completion_length", "6", "--loss_type", "grpo", "--advantage_estimator", "reinforce")
+    assert logs[0]["loss"] != 0  # batch-whitened advantages: greedy completions of a prompt are alike
+
+
 @pytest.mark.parametrize("backbone", ["separate", "shared"])
 def test_ppo_policy_and_critic_match_one_rank(tmp_path, quickstart, backbone):
     # greedy rollouts of the quickstart's sft model (as above); the critic (a separate model, or a

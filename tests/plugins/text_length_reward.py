@@ -20,3 +20,14 @@ class TextLengthFirstUnscored(ORM):
 
 
 orms["text_length_first_unscored"] = TextLengthFirstUnscored
+
+
+class TextLengthSevensUnscored(ORM):
+    """As text_length, but a completion with a 7 in it gets no reward (None): which rows carry no
+    loss depends on the text alone, so it is the same however the batch is split over ranks."""
+
+    def __call__(self, completions, **kwargs):
+        return [None if "7" in c else float(len(c)) for c in completions]
+
+
+orms["text_length_sevens_unscored"] = TextLengthSevensUnscored
