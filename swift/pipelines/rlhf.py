@@ -131,6 +131,8 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
                 RolloutInferRequest(messages, columns))
         except SwiftError as e:
             raise RowError(str(e)) from None
+        except Exception as e:  # a plugin scheduler's own check: still this row's fault
+            raise RowError(f"{type(e).__name__}: {e}") from None
     return {"messages": messages, "columns": columns}
 
 

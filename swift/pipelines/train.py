@@ -36,12 +36,15 @@ logger = get_logger(__name__)
 def mixed_precision(training_args, dtype: torch.dtype) -> None:
     """bf16 weights train with bf16 mixed precision, as with `--bf16 true`. Setting the flag after
     `TrainingArguments` was built does not reach its `mixed_precision`, which the trainer's
-    accelerator reads, so both are set here. fp16 weights only set `fp16` (no autocast and no loss
-    scaler, which would refuse fp16 gradients); `--fp16 true` on the command line asks for both."""
+    accelerator reads, so both are set here. Under FSDP, bf16 weights train in bf16 without autocast
+    (its mixed precision would upcast them to fp32 master weights; `--bf16 true` asks for that).
+    fp16 weights only set `fp16` (no autocast and no loss scaler, which would refuse fp16
+    gradients); `--fp16 true` on the command line asks for both."""
     training_args.fp16 = training_args.fp16 or dtype == torch.float16
     if dtype == torch.bfloat16 and not training_args.fp16:
         training_args.bf16 = True
-        training_args.mixed_precision = "bf16"
+        if not training_args.fsdp:  # FSDP's mixed precision would keep fp32 copies of bf16 weights
+            training_args.mixed_precision = "bf16"
 
 
 class TrainPipeline:

@@ -122,8 +122,8 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
             ids[i] = following
             limit = prompt_len[i] + max_completion_length
             if context is not None:
-                limit = min(limit, context - 1)  # room for one generated token
-            if len(following) >= limit:  # the environment's reply outgrew the budget or the context:
+                limit = min(limit, context)
+            if len(following) >= limit:  # no room left for one generated token  # the environment's reply outgrew the budget or the context:
                 ids[i] = following[:limit]  # this trajectory ends here, truncated; the others go on
                 masks[i] = masks[i][:limit - prompt_len[i]]
                 if config.logprobs:

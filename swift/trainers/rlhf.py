@@ -94,7 +94,13 @@ class RLHFTrainer(Trainer):
         model.eval().requires_grad_(False)
         if zero3_enabled(self):
             return frozen_zero3(model, self)
-        return model.to(self.args.device)
+        model = model.to(self.args.device)
+        if self.accelerator.mixed_precision in ("bf16", "fp16"):
+            # the policy's forward runs under the accelerator's autocast; the same weights must give a
+            # reference (or teacher) the same numbers
+            dtype = torch.bfloat16 if self.accelerator.mixed_precision == "bf16" else torch.float16
+            model.forward = torch.autocast(self.args.device.type, dtype=dtype)(model.forward)
+        return model
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The optimizer step's micro-batches, each told the step's token counts (`token_counts`,

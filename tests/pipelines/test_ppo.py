@@ -291,11 +291,20 @@ def test_each_ppo_epoch_deals_the_rows_into_new_mini_batches(tmp_path, monkeypat
     seen = []
     original = PPOTrainer._policy_objective
 
+    fields = {}  # row -> its per-token fields, which must travel with it into every new mini-batch
+
     def spy(self, model, inputs, *args, **kwargs):
         rows = []
-        for p, pm, c, cm in zip(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
-                                inputs["completion_mask"]):
-            rows.append((tuple(p[pm.bool()].tolist()), tuple(c[cm.bool()].tolist())))
+        for i, (p, pm, c, cm) in enumerate(zip(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
+                                               inputs["completion_mask"])):
+            row = (tuple(p[pm.bool()].tolist()), tuple(c[cm.bool()].tolist()))
+            rows.append(row)
+            mine = [inputs[k][i][cm.bool()] for k in ("advantages", "old_logps", "ref_logps", "values", "returns",
+                                                        "loss_mask")]
+            if row in fields:
+                for a, b in zip(fields[row], mine):
+                    torch.testing.assert_close(a, b, rtol=0, atol=0)
+            fields[row] = mine
         seen.append(frozenset(rows))
         return original(self, model, inputs, *args, **kwargs)
 

@@ -84,10 +84,21 @@ def test_full_training_in_bf16_mixed_precision(tmp_path, rlhf_type):
     data = ["--dataset", "builtin:arith-dpo#8"] if rlhf_type == "dpo" else \
         ["--dataset", "builtin:arith-sft#8", "--reward_funcs", "accuracy", "--max_completion_length", "8",
          "--num_generations", "4"]
-    rlhf_main(train_argv(tmp_path, "--rlhf_type", rlhf_type, *data, "--tuner_type", "full", "--torch_dtype",
-                         "bfloat16", "--max_steps", "2"))
+    from swift.pipelines.base import resolve_args
+    from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
+
+    argv = train_argv(tmp_path, "--rlhf_type", rlhf_type, *data, "--tuner_type", "full", "--torch_dtype",
+                      "bfloat16", "--max_steps", "2")
+    # the flag reaches the accelerator (it did not: bf16 weights trained without autocast)
+    trainer = RLHFPipeline(resolve_args(RLHFArguments, argv, "swift rlhf")).build_trainer()
+    assert trainer.accelerator.mixed_precision == "bf16"
+    if hasattr(trainer, "close"):
+        trainer.close()
+    rlhf_main(argv)
     logs = [r for r in read_log(tmp_path) if "loss" in r]
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logs)
+    if rlhf_type == "dpo":  # the frozen reference (autocast like the policy) agrees with it at step 1
+        assert logs[0]["rewards/chosen"] == 0 and logs[0]["rewards/rejected"] == 0
 
 
 def test_adapters_reference_is_the_base_through_the_adapter_switch(tmp_path, tiny):

@@ -66,8 +66,12 @@ def test_grpo_with_unscored_rows_on_two_ranks_equals_one_rank(tmp_path, quicksta
     logs = assert_same_run(tmp_path, ["reward"], "--model", sft, "--rlhf_type", "grpo",
                            "--dataset", "builtin:arith-sft#16", "--reward_funcs", "text_length_sevens_unscored",
                            "--external_plugins", TEXT_LENGTH[-1], "--num_generations", "2", "--temperature", "0",
-                           "--max_completion_length", "6", "--loss_type", "grpo", "--advantage_estimator", "reinforce")
+                           "--max_completion_length", "6", "--loss_type", "grpo", "--advantage_estimator", "reinforce",
+                           "--log_completions", "true")
     assert logs[0]["loss"] != 0  # batch-whitened advantages: greedy completions of a prompt are alike
+    with open(tmp_path / "one" / "completions.jsonl") as f:
+        rewards = [json.loads(line)["reward"] for line in f]
+    assert 0 < sum(r != r for r in rewards) < len(rewards)  # some rows, not all, got no reward (NaN)
 
 
 @pytest.mark.parametrize("backbone", ["separate", "shared"])

@@ -21,17 +21,18 @@ def _std(xs):  # unbiased, as TRL, ms-swift and OpenRLHF
 
 
 def hand_advantages(estimator, scale, rewards, g):
-    """Each estimator × --scale_rewards written out from its peer's definition (list arithmetic,
-    independent of swift.rlhf.grpo)."""
+    """Each estimator × --scale_rewards written out as list arithmetic, independent of
+    swift.rlhf.grpo: ms-swift's definitions for grpo, rloo and reinforce_plus_plus; for reinforce and
+    reinforce_baseline the sequence-level analogue of OpenRLHF's token-level whitening."""
     groups = [rewards[i:i + g] for i in range(0, len(rewards), g)]
-    if estimator == "reinforce":  # OpenRLHF: whitened over the batch, nothing more
+    if estimator == "reinforce":  # whitened over the batch's sequences, nothing more
         m, s = _mean(rewards), _std(rewards)
         return [(x - m) / (s + 1e-4) for x in rewards]
     if estimator == "rloo":
         centred = [[x - (sum(grp) - x) / (g - 1) for x in grp] for grp in groups]
     else:
         centred = [[x - _mean(grp) for x in grp] for grp in groups]
-    # ms-swift's reinforce_plus_plus and OpenRLHF's reinforce_baseline: the std of the centred values
+    # ms-swift's reinforce_plus_plus, and reinforce_baseline: the std of the centred values
     of = centred if estimator in ("reinforce_plus_plus", "reinforce_baseline") else groups
     flat_of = [x for grp in of for x in grp]
     out = []
