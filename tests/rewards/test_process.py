@@ -127,5 +127,5 @@ def test_process_rewards_reach_training_where_the_formulas_place_them(tmp_path, 
 def test_prm_model_is_refused_outside_online_rl(tmp_path, prm_dir):
     from swift.pipelines.rlhf import rlhf_main
 
-    with pytest.raises(SwiftError, match="--prm_model scores rollouts"):
+    with pytest.raises(SwiftError, match="--prm_model does nothing for --rlhf_type dpo; it is read by --rlhf_type grpo, ppo"):
         rlhf_main(train_argv(tmp_path, "--rlhf_type", "dpo", "--dataset", "builtin:arith-dpo#8", "--prm_model", prm_dir))
