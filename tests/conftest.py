@@ -104,6 +104,24 @@ def tiny_dir(tmp_path_factory, tiny):
     return str(path)
 
 
+def save_perturbed(tiny, path, scale: float = 0.05) -> str:
+    """The tiny model with seeded noise of `scale` on every weight, saved with its tokenizer at
+    `path` (a teacher or reference that differs from the policy); returns the path."""
+    import copy
+
+    import torch
+
+    model, tokenizer, _ = tiny
+    other = copy.deepcopy(model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(scale * torch.randn_like(p))
+    other.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
 def train_argv(output_dir, *extra: str) -> list[str]:
     """A fast sft command line on the tiny model and built-in arithmetic data."""
     return ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft#64", "--output_dir", str(output_dir),

@@ -144,3 +144,37 @@ def tensorize(trajectories: list, pad: int, overlong_filter: bool = False) -> di
                 sampling[i, :len(t.logprobs)] = torch.tensor(t.logprobs, dtype=torch.float32)
         batch["sampling_logps"] = sampling
     return batch
+
+
+def reshuffle(micro: list[dict], pad: int, generator: torch.Generator) -> list[dict]:
+    """The rows of `tensorize`d micro-batches in a random order, cut into micro-batches of the same
+    size, each padded to its own widths as `tensorize` pads (prompts on the left, the rest on the
+    right). Every tensor field travels with its row; scalar fields (counts over a step) are dropped
+    for the caller to count again."""
+    rows = micro[0]["completion_ids"].size(0)
+    merged = {}
+    for key in micro[0]:
+        parts = [b[key] for b in micro]
+        if not torch.is_tensor(parts[0]):
+            raise TypeError(f"micro-batch field {key!r} is not a tensor; it cannot be dealt into new mini-batches")
+        if parts[0].dim() == 0:
+            continue
+        if parts[0].dim() == 2:
+            width = max(p.size(1) for p in parts)
+            fill = {"completion_ids": pad, "sampling_logps": float("nan")}.get(key, 0)
+            left = key.startswith("prompt")
+            parts = [torch.nn.functional.pad(p, (width - p.size(1), 0) if left else (0, width - p.size(1)),
+                                             value=fill) for p in parts]
+        merged[key] = torch.cat(parts)
+    order = torch.randperm(merged["completion_ids"].size(0), generator=generator)
+    out = []
+    for start in range(0, order.numel(), rows):
+        batch = {key: value[order[start:start + rows]] for key, value in merged.items()}
+        lead = int((batch["prompt_mask"].sum(0) == 0).long().cumprod(0).sum())  # all-padding columns
+        filled = batch["completion_mask"].sum(0).nonzero()
+        used = int(filled.max()) + 1 if filled.numel() else 1
+        for key, value in batch.items():
+            if value.dim() == 2:
+                batch[key] = value[:, lead:] if key.startswith("prompt") else value[:, :used]
+        out.append(batch)
+    return out

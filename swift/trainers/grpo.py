@@ -28,7 +28,7 @@ from swift.rewards.process import process_advantages
 from swift.rlhf.grpo import LOSS_TYPES, compute_advantages, high_entropy_mask, rollout_importance_weights
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
-from swift.trainers.completion_logps import tensorize, token_logps
+from swift.trainers.completion_logps import reshuffle, tensorize, token_logps
 from swift.trainers.rlhf import RLHFTrainer
 from swift.trainers.rollout_metrics import eval_metrics, rollout_metrics, write_completions
 from swift.trainers.rollout_queue import RepeatBatchSampler, RolloutQueue
@@ -296,37 +296,10 @@ class GRPOTrainer(RLHFTrainer):
     reshuffle_passes = False
 
     def _reshuffled(self, micro: list[dict]) -> list[dict]:
-        """This rank's rows of the generation batch in a new order, cut into micro-batches of the same
-        size, each padded to its own widths (as `tensorize` would pad them); the order comes from
-        (seed, micro-batches trained so far), so a resumed run deals the same."""
-        rows = micro[0]["completion_ids"].size(0)
-        merged = {}
-        for key in micro[0]:
-            parts = [b[key] for b in micro]
-            if not torch.is_tensor(parts[0]):
-                raise TypeError(f"micro-batch field {key!r} is not a tensor; it cannot be dealt into new mini-batches")
-            if parts[0].dim() == 0:  # step_tokens: counted again below
-                continue
-            if parts[0].dim() == 2:
-                width = max(p.size(1) for p in parts)
-                fill = {"completion_ids": self.processing_class.pad_token_id, "sampling_logps": float("nan")}.get(key, 0)
-                left = key.startswith("prompt")  # prompts are left-padded, the rest right-padded
-                parts = [torch.nn.functional.pad(p, (width - p.size(1), 0) if left else (0, width - p.size(1)),
-                                                 value=fill) for p in parts]
-            merged[key] = torch.cat(parts)
+        """This rank's rows of the generation batch dealt into new micro-batches (`reshuffle`), in an
+        order drawn from (seed, micro-batches trained so far), so a resumed run deals the same."""
         g = torch.Generator().manual_seed((self.args.seed * 1_000_003 + self._uses) % 2 ** 63)
-        order = torch.randperm(merged["completion_ids"].size(0), generator=g)
-        out = []
-        for start in range(0, order.numel(), rows):
-            pick = order[start:start + rows]
-            batch = {key: value[pick] for key, value in merged.items()}
-            lead = int((batch["prompt_mask"].sum(0) == 0).long().cumprod(0).sum())  # all-padding columns
-            filled = batch["completion_mask"].sum(0).nonzero()
-            used = int(filled.max()) + 1 if filled.numel() else 1
-            for key, value in batch.items():
-                if value.dim() == 2:
-                    batch[key] = value[:, lead:] if key.startswith("prompt") else value[:, :used]
-            out.append(batch)
+        out = reshuffle(micro, self.processing_class.pad_token_id, g)
         self._set_step_tokens(out)
         return out
 

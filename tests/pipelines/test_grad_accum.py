@@ -3,7 +3,6 @@ GA=k × batch B/k gives the same logged loss and the same weights after one opti
 for every algorithm, offline and online, through `rlhf_main` (the trainer's own call path). Plain SGD with
 learning rate 1 makes the weight change the accumulated gradient itself (Adam's first step would
 turn rounding noise in near-zero gradients into full-size updates)."""
-import copy
 import json
 import os
 
@@ -12,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from swift.pipelines.rlhf import rlhf_main
-from tests.conftest import TEXT_LENGTH, train_argv
+from tests.conftest import TEXT_LENGTH, save_perturbed, train_argv
 
 DATA = {"dpo": "builtin:arith-dpo#8", "orpo": "builtin:arith-dpo#8", "cpo": "builtin:arith-dpo#8",
         "simpo": "builtin:arith-dpo#8", "kto": "builtin:arith-kto#8", "rm": "builtin:arith-dpo#8",
@@ -69,14 +68,7 @@ def test_gkd_does_not_depend_on_gradient_accumulation(tmp_path, tiny):
     # a teacher that differs from the student (else the divergence and its gradient are 0), answers
     # of 1 to 3 tokens, so the micro-batches' token counts differ; the JSD and the NLL term are
     # means over the whole step's answer tokens
-    model, tokenizer, _ = tiny
-    teacher = copy.deepcopy(model)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in teacher.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    teacher.save_pretrained(tmp_path / "teacher")
-    tokenizer.save_pretrained(tmp_path / "teacher")
+    save_perturbed(tiny, tmp_path / "teacher")
     assert_same(tmp_path, "gkd", 8, 4, "--teacher_model", str(tmp_path / "teacher"), "--lmbda", "0",
                 "--sft_alpha", "0.5")
 

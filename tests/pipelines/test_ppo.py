@@ -1,7 +1,6 @@
 """`swift rlhf --rlhf_type ppo` end to end on the built-in tiny model: TRL's metric names, the
 critic saved and resumed, GAE and the value loss as the trainer computes them equal to the
 formulas, and the flags it refuses."""
-import copy
 import json
 import re
 import shutil
@@ -13,7 +12,7 @@ from safetensors.torch import load_file
 from swift.pipelines.rlhf import rlhf_main
 from swift.trainers.ppo import PPOTrainer
 from swift.utils.registry import SwiftError
-from tests.conftest import TEXT_LENGTH, train_argv
+from tests.conftest import TEXT_LENGTH, save_perturbed, train_argv
 
 TRL_PPO_NAMES = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
                  "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg",
@@ -81,14 +80,7 @@ def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatc
     KL on each, against a reference that differs from the policy so the KL is not 0), GAE (OpenRLHF's
     formula written out here), whitening over the batch's loss tokens, and the first step's value
     loss (the critic has not moved: ½ mean (V − R)²) and policy loss (ratio 1: −mean A)."""
-    model, tokenizer, _ = tiny
-    reference = copy.deepcopy(model)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in reference.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    reference.save_pretrained(tmp_path / "ref")
-    tokenizer.save_pretrained(tmp_path / "ref")
+    save_perturbed(tiny, tmp_path / "ref")
     seen = []
     original = PPOTrainer._assign_advantages
 

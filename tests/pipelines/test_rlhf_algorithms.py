@@ -9,7 +9,7 @@ from swift.dataset.loader import load_rows
 from swift.pipelines.rlhf import SequenceCollator, add_mismatched, encode_steps, encode_unpaired, rlhf_main
 from swift.template import IGNORE_INDEX, get_template
 from swift.utils.registry import SwiftError
-from tests.conftest import train_argv
+from tests.conftest import save_perturbed, train_argv
 
 
 def read_log(out):
@@ -179,19 +179,11 @@ def test_gkd_needs_a_teacher(tmp_path):
 def test_a_resumed_gkd_run_matches_an_uninterrupted_one(tmp_path, tiny):
     """The on/off-policy coin and the sampling seeds come from (seed, step, micro-batch): a run resumed
     from step 2 draws what the uninterrupted run drew (it replayed steps 1-2's pattern before)."""
-    import copy
     import shutil
 
     from safetensors.torch import load_file
 
-    model, tokenizer, _ = tiny
-    teacher = copy.deepcopy(model)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in teacher.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    teacher.save_pretrained(tmp_path / "teacher")
-    tokenizer.save_pretrained(tmp_path / "teacher")
+    save_perturbed(tiny, tmp_path / "teacher")
 
     def argv(out, *extra):
         return train_argv(out, "--rlhf_type", "gkd", "--teacher_model", str(tmp_path / "teacher"), "--tuner_type",
