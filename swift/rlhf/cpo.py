@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, Algorithm
 from swift.rlhf.logps import SequenceLogps, pair_metrics
+from swift.rlhf.reduce import Terms
 
 
 def smoothed_sigmoid_loss(logits: torch.Tensor, *, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -17,12 +18,14 @@ def smoothed_sigmoid_loss(logits: torch.Tensor, *, beta: float, label_smoothing:
     return -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)
 
 
-def batch_loss(policy: SequenceLogps, ref, batch: dict, a) -> tuple[torch.Tensor, dict]:
+def batch_loss(policy: SequenceLogps, ref, batch: dict, a) -> tuple[Terms, dict]:
     n = policy.sums.size(0) // 2
     c, r = policy.sums[:n], policy.sums[n:]
-    nll = policy.nll(slice(0, n))
-    loss = smoothed_sigmoid_loss(c - r, beta=a.beta, label_smoothing=a.label_smoothing).mean() + a.cpo_alpha * nll
-    return loss, {**pair_metrics(a.beta * c, a.beta * r, c, r), "nll_loss": nll.item()}
+    nll = policy.nll_sum(slice(0, n))
+    terms = {"pairs": smoothed_sigmoid_loss(c - r, beta=a.beta, label_smoothing=a.label_smoothing).sum(),
+             "chosen_tokens": a.cpo_alpha * nll}
+    return terms, {**pair_metrics(a.beta * c, a.beta * r, c, r),
+                   "nll_loss": (nll / policy.lengths[:n].sum().clamp(min=1)).item()}
 
 
 ALGORITHMS.register("cpo", Algorithm(trainer="preference", data="pair", loss=batch_loss,

@@ -1,8 +1,8 @@
 """DPO and its pairwise loss variants.
 
 With log-ratios  c = log π(y_w|x) − log π_ref(y_w|x)  and  r = log π(y_l|x) − log π_ref(y_l|x),
-Δ = c − r, each loss below is per pair; the batch loss is the mean, and several `--loss_type`s
-are summed with `--loss_weights`.
+Δ = c − r, each loss below is per pair; several `--loss_type`s are summed with `--loss_weights`, and
+the step's loss is the mean over its pairs (`swift.rlhf.reduce`).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, REFERENCE_FLAGS, Algorithm
 from swift.rlhf.logps import SequenceLogps, pair_metrics
+from swift.rlhf.reduce import Terms
 from swift.utils.registry import Registry
 
 DPO_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("DPO loss type")
@@ -80,26 +81,29 @@ def apo_down(c, r, *, beta, **_):
 def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, *, loss_types: list[str],
              loss_weights: list[float] | None, beta: float, label_smoothing: float = 0.0,
              chosen_len: torch.Tensor | None = None, rejected_len: torch.Tensor | None = None) -> torch.Tensor:
-    """Weighted sum over `loss_types` of the batch-mean pair losses (sequence log-probs in, scalar out)."""
+    """Each pair's weighted sum over `loss_types` of its losses (sequence log-probs in, [pairs] out)."""
     c, r = policy_chosen - ref_chosen, policy_rejected - ref_rejected
     weights = loss_weights or [1.0] * len(loss_types)
     total = 0.0
     for name, weight in zip(loss_types, weights, strict=True):
         per_pair = DPO_LOSSES.get(name)(c, r, beta=beta, label_smoothing=label_smoothing, chosen_len=chosen_len,
                                         rejected_len=rejected_len)
-        total = total + weight * per_pair.mean()
+        total = total + weight * per_pair
     return total
 
 
-def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tuple[torch.Tensor, dict]:
-    """Rows are [chosen..., rejected...]; `--rpo_alpha` adds the chosen answers' NLL (RPO, arXiv 2404.19733)."""
+def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tuple[Terms, dict]:
+    """Rows are [chosen..., rejected...]; `--rpo_alpha` adds the chosen answers' token-mean NLL (RPO,
+    arXiv 2404.19733)."""
     n = policy.sums.size(0) // 2
     c, r, rc, rr = policy.sums[:n], policy.sums[n:], ref.sums[:n], ref.sums[n:]
-    loss = dpo_loss(c, r, rc, rr, loss_types=a.loss_type, loss_weights=a.loss_weights or None, beta=a.beta,
-                    label_smoothing=a.label_smoothing, chosen_len=policy.lengths[:n], rejected_len=policy.lengths[n:])
+    per_pair = dpo_loss(c, r, rc, rr, loss_types=a.loss_type, loss_weights=a.loss_weights or None, beta=a.beta,
+                        label_smoothing=a.label_smoothing, chosen_len=policy.lengths[:n],
+                        rejected_len=policy.lengths[n:])
+    terms = {"pairs": per_pair.sum()}
     if a.rpo_alpha:
-        loss = loss + a.rpo_alpha * policy.nll(slice(0, n))
-    return loss, pair_metrics(a.beta * (c - rc), a.beta * (r - rr), c, r)
+        terms["chosen_tokens"] = a.rpo_alpha * policy.nll_sum(slice(0, n))
+    return terms, pair_metrics(a.beta * (c - rc), a.beta * (r - rr), c, r)
 
 
 ALGORITHMS.register("dpo", Algorithm(trainer="preference", data="pair", loss=batch_loss, reference=True,

@@ -3,7 +3,7 @@
 With student p_S, teacher p_T and β ∈ [0, 1], per token, over the vocabulary:
   M = β p_T + (1 − β) p_S,   JSD_β = β KL(p_T ‖ M) + (1 − β) KL(p_S ‖ M)
 β = 0 is the forward KL(p_T ‖ p_S), β = 1 the reverse KL(p_S ‖ p_T). The loss is the mean over
-labelled tokens. With probability `--lmbda` a step trains on the student's own samples (on-policy);
+labelled tokens of the optimizer step. With probability `--lmbda` a step trains on the student's own samples (on-policy);
 otherwise on the dataset's answers, where `--sft_alpha` adds the student's NLL.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from swift.rlhf import logps
 from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, SAMPLING_FLAGS, Algorithm
+from swift.rlhf.reduce import Terms
 
 
 def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -66,10 +67,10 @@ def head_losses(student_hidden: torch.Tensor, student_head: torch.nn.Linear, tea
     return jsd, torch.cat([n for _, n in parts]) if with_nll else None
 
 
-def batch_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, a) -> tuple[torch.Tensor, dict]:
-    """Logits of the labelled positions only ([tokens, vocab])."""
-    loss = generalized_jsd(student_logits, teacher_logits, a.beta).mean()
-    return loss, {"jsd": loss.item()}
+def batch_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, a) -> tuple[Terms, dict]:
+    """Logits of the labelled positions only ([tokens, vocab]): the JSD summed over them (a `tokens` term)."""
+    jsd = generalized_jsd(student_logits, teacher_logits, a.beta)
+    return {"tokens": jsd.sum()}, {"jsd": jsd.mean().item() if jsd.numel() else 0.0}
 
 
 ALGORITHMS.register("gkd", Algorithm(trainer="distill", data="conversation", loss=batch_loss,

@@ -28,11 +28,11 @@ Two loss types replace the clipped surrogate (ms-swift's and TRL's `--loss_type`
       `--epsilon_high` (an absolute cap on the weight, 5.0 when not given): clipped tokens keep a gradient.
   sapo (arXiv 2511.20347): ℓ_t = −(4/τ) σ(τ (w_t − 1)) A, τ = `--tau_pos` where A > 0 else `--tau_neg`:
       a soft gate whose gradient fades smoothly as w_t leaves 1.
-Aggregation (`--loss_type`): grpo and sapo = mean over each sequence's tokens then over all sequences
-(those that carry no loss too, as TRL);
-bnpo = mean over the batch's tokens; dr_grpo = sum / (sequences × max_completion_length); dapo and
-cispo = sum / tokens in the global batch, i.e. all micro-batches and ranks of the optimizer step
-(arXiv 2503.14476; the trainer passes that count as `num_items_in_batch`).
+Aggregation (`--loss_type`), over the optimizer step (all its micro-batches and ranks, `swift.rlhf.reduce`):
+grpo and sapo = mean over each sequence's tokens then over all sequences (those that carry no loss
+too, as TRL); dr_grpo = sum / (sequences × max_completion_length); dapo and cispo = sum / tokens
+(arXiv 2503.14476); bnpo = mean over each micro-batch's tokens, then over the micro-batches: TRL's
+definition, the one aggregation that depends on how the step is split (gradient accumulation, ranks).
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from typing import Callable
 import torch
 
 from swift.rlhf.base import ALGORITHMS, ROLLOUT_FLAGS, Algorithm
+from swift.rlhf.reduce import Terms
 from swift.utils.dist import gather_cat
 from swift.utils.registry import Registry
 
@@ -132,24 +133,27 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile:
     return (entropies * mask >= threshold) & mask.bool()
 
 
-def per_sequence_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
-    """Mean over each row's tokens, then over every row of the micro-batch, also rows that carry no
-    loss (unscored, overlong-filtered), as TRL does: micro-batches are all the same size, so the
-    step's mean does not depend on how the step is split."""
-    return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+# The aggregations: each returns its term of the step's loss (`swift.rlhf.reduce`), a sum over this
+# micro-batch and the kind of count the step divides it by.
+def per_sequence_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> Terms:
+    """Mean over each row's tokens, then over every row of the step, also rows that carry no loss
+    (unscored, overlong-filtered), as TRL does."""
+    return {"rows": ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum()}
 
 
-def token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
-    return (loss * mask).sum() / mask.sum().clamp(min=1)
+def token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> Terms:
+    """bnpo: the micro-batch's token mean (TRL's definition), averaged over the step's micro-batches."""
+    return {"micro_batches": (loss * mask).sum() / mask.sum().clamp(min=1)}
 
 
-def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, *, max_completion_length: int, **_) -> torch.Tensor:
-    return (loss * mask).sum() / (mask.size(0) * max_completion_length)  # every row, as TRL
+def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, *, max_completion_length: int, **_) -> Terms:
+    """dr_grpo: the sum over the step's tokens / (the step's rows × max_completion_length), as TRL."""
+    return {"rows": (loss * mask).sum() / max_completion_length}
 
 
-def global_token_mean(loss: torch.Tensor, mask: torch.Tensor, *, num_items_in_batch=None, **_) -> torch.Tensor:
-    total = mask.sum() if num_items_in_batch is None else num_items_in_batch
-    return (loss * mask).sum() / torch.as_tensor(total, dtype=loss.dtype).clamp(min=1)
+def global_token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> Terms:
+    """dapo, cispo: the sum over the step's tokens / its tokens."""
+    return {"tokens": (loss * mask).sum()}
 
 
 CISPO_DEFAULT_CAP = 5.0  # ScaleRL's recommended ε_max for cispo when --epsilon_high is not given
@@ -187,15 +191,10 @@ def sapo_surrogate(ratio: torch.Tensor, logps: torch.Tensor, adv: torch.Tensor, 
 @dataclass(frozen=True)
 class LossType:
     """A `--loss_type`: the per-token objective (a surrogate of the ratio and advantage) and how the
-    tokens' losses are averaged into the micro-batch's loss."""
+    tokens' losses are averaged into the step's loss."""
 
     surrogate: Callable[..., Surrogate]
-    aggregate: Callable[..., torch.Tensor]
-
-    @property
-    def over_step_tokens(self) -> bool:
-        """Normalised by the whole optimizer step's tokens (every micro-batch and rank)."""
-        return self.aggregate is global_token_mean
+    aggregate: Callable[..., Terms]
 
 
 LOSS_TYPES: Registry[LossType] = Registry("GRPO loss type")
@@ -211,11 +210,11 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
                 epsilon: float = 0.2, epsilon_high: float | None = None, delta: float | None = None,
                 tau_pos: float = 1.0, tau_neg: float = 1.05, beta: float = 0.0,
                 ref_logps: torch.Tensor | None = None, kl_type: str = "k3", importance_sampling_level: str = "token",
-                loss_type: str = "grpo", max_completion_length: int | None = None, token_weights=None,
-                num_items_in_batch=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                loss_type: str = "grpo", max_completion_length: int | None = None,
+                token_weights=None) -> tuple[Terms, dict[str, torch.Tensor]]:
     """The policy objective of every completion token ([B, T] tensors; `advantages` [B], or [B, T]), aggregated by
-    `loss_type`. `token_weights` (e.g. the high-entropy mask) multiply the policy term. Returns the loss
-    and per-token diagnostics (ratio, clipped flags, kl)."""
+    `loss_type`. `token_weights` (e.g. the high-entropy mask) multiply the policy term. Returns the loss's
+    terms (`swift.rlhf.reduce`) and per-token diagnostics (ratio, clipped flags, kl)."""
     log_ratio = logps - old_logps
     if importance_sampling_level == "sequence":
         log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)
@@ -233,11 +232,10 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
     if beta:
         kl = kl_estimate(logps, ref_logps, kl_type)
         per_token = per_token + beta * kl
-    loss = kind.aggregate(per_token, mask, max_completion_length=max_completion_length,
-                                        num_items_in_batch=num_items_in_batch)
+    terms = kind.aggregate(per_token, mask, max_completion_length=max_completion_length)
     info = {"ratio": ratio.expand_as(logps), "low_clipped": low_clipped.expand_as(logps),
             "high_clipped": high_clipped.expand_as(logps), "kl": kl}
-    return loss, info
+    return terms, info
 
 
 ALGORITHMS.register("grpo", Algorithm(

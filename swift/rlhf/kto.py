@@ -3,7 +3,8 @@
 With the log-ratio ρ = log π(y|x) − log π_ref(y|x) and the KL baseline z = max(0, mean ρ'), where
 ρ' are log-ratios of mismatched pairs (x_i, y_j) from the same batch (eq. 8, detached):
   desirable:   λ_D (1 − σ(β(ρ − z)))       undesirable:   λ_U (1 − σ(β(z − ρ)))
-with λ_D = `--desirable_weight`, λ_U = `--undesirable_weight`; the loss is the mean over rows.
+with λ_D = `--desirable_weight`, λ_U = `--undesirable_weight`; the loss is the mean over the step's
+completions (`pairs`: each row has a mismatched one).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, REFERENCE_FLAGS, Algorithm
 from swift.rlhf.logps import SequenceLogps
+from swift.rlhf.reduce import Terms
 from swift.utils.dist import global_mean
 
 
@@ -27,14 +29,14 @@ def kto_losses(logratios: torch.Tensor, desirable: torch.Tensor, kl: torch.Tenso
     return torch.where(desirable, good, bad)
 
 
-def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tuple[torch.Tensor, dict]:
+def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tuple[Terms, dict]:
     """Rows are [completions..., mismatched completions...]; `batch["label"]` marks the desirable ones."""
     n = policy.sums.size(0) // 2
     logratios = policy.sums[:n] - ref.sums[:n]
     kl = kl_baseline(policy.sums[n:] - ref.sums[n:])
     desirable = batch["label"].bool()
-    loss = kto_losses(logratios, desirable, kl, beta=a.beta, desirable_weight=a.desirable_weight,
-                      undesirable_weight=a.undesirable_weight).mean()
+    terms = {"pairs": kto_losses(logratios, desirable, kl, beta=a.beta, desirable_weight=a.desirable_weight,
+                                 undesirable_weight=a.undesirable_weight).sum()}
     rewards = (a.beta * logratios).detach()
     metrics = {"kl": kl.item()}
     for name, rows in (("chosen", desirable), ("rejected", ~desirable)):
@@ -43,7 +45,7 @@ def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tup
             metrics[f"logps/{name}"] = policy.sums[:n][rows].detach().mean().item()
     if desirable.any() and (~desirable).any():
         metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
-    return loss, metrics
+    return terms, metrics
 
 
 ALGORITHMS.register("kto", Algorithm(trainer="preference", data="unpaired", loss=batch_loss, reference=True,

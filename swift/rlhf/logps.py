@@ -114,43 +114,27 @@ def labelled_positions(labels: torch.Tensor) -> torch.Tensor:
     return (labels[:, 1:] != IGNORE_INDEX).any(dim=0).nonzero().squeeze(-1)
 
 
-def step_token_counts(batch: dict) -> torch.Tensor:
-    """What the token-mean terms of a sequence batch average over: [labelled tokens of the chosen
-    rows (the first half: pairs are collated chosen first), every token of those rows, labelled
-    tokens of all rows (a token classifier's)]."""
-    labels, n = batch["labels"], batch["labels"].size(0) // 2
-    return torch.stack([(labels[:n, 1:] != IGNORE_INDEX).sum(), batch["attention_mask"][:n, 1:].sum(),
-                        (labels != IGNORE_INDEX).sum()])
-
-
 @dataclass
 class SequenceLogps:
     """Log-probs of each row's labelled tokens: `sums` and `lengths` per row (shape [rows]); when an
-    algorithm asks for it, also over every token of the row (`all_sums`, `all_lengths`).
-
-    `token_counts` (`step_token_counts` of the optimizer step, per micro-batch and rank) make the
-    chosen rows' NLL a mean over the whole step's tokens, as if it were one batch; without them it
-    is a mean over this batch's."""
+    algorithm asks for it, also over every token of the row (`all_sums`, `all_lengths`)."""
 
     sums: torch.Tensor
     lengths: torch.Tensor
     all_sums: torch.Tensor | None = None
     all_lengths: torch.Tensor | None = None
-    token_counts: torch.Tensor | None = None
 
     @property
     def means(self) -> torch.Tensor:
         return self.sums / self.lengths.clamp(min=1)
 
-    def nll(self, rows: slice) -> torch.Tensor:
-        """Mean negative log-likelihood over all labelled tokens of the chosen `rows` (token-weighted, as CE)."""
-        tokens = self.lengths[rows].sum() if self.token_counts is None else self.token_counts[0]
-        return -self.sums[rows].sum() / tokens.clamp(min=1)
+    def nll_sum(self, rows: slice) -> torch.Tensor:
+        """Negative log-likelihood summed over the labelled tokens of `rows` (a `chosen_tokens` term)."""
+        return -self.sums[rows].sum()
 
-    def whole_sequence_nll(self, rows: slice) -> torch.Tensor:
-        """Mean negative log-likelihood over every token (prompt included) of the chosen `rows`."""
-        tokens = self.all_lengths[rows].sum() if self.token_counts is None else self.token_counts[1]
-        return -self.all_sums[rows].sum() / tokens.clamp(min=1)
+    def whole_sequence_nll_sum(self, rows: slice) -> torch.Tensor:
+        """Negative log-likelihood summed over every token (prompt included) of `rows` (a `chosen_all` term)."""
+        return -self.all_sums[rows].sum()
 
 
 def pair_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, chosen_logps: torch.Tensor,

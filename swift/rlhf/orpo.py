@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, Algorithm
 from swift.rlhf.logps import SequenceLogps, pair_metrics
+from swift.rlhf.reduce import Terms
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -25,16 +26,17 @@ def log_odds_ratio(chosen_mean: torch.Tensor, rejected_mean: torch.Tensor) -> to
     return (c - r) - (log1mexp(c) - log1mexp(r))
 
 
-def batch_loss(policy: SequenceLogps, ref, batch: dict, a) -> tuple[torch.Tensor, dict]:
+def batch_loss(policy: SequenceLogps, ref, batch: dict, a) -> tuple[Terms, dict]:
     n = policy.sums.size(0) // 2
     means = policy.means
-    nll = policy.whole_sequence_nll(slice(0, n))
+    nll = policy.whole_sequence_nll_sum(slice(0, n))
     log_or = log_odds_ratio(means[:n], means[n:])
-    loss = nll - a.beta * F.logsigmoid(log_or).mean()
+    terms = {"chosen_all": nll, "pairs": -a.beta * F.logsigmoid(log_or).sum()}
     metrics = pair_metrics(a.beta * means[:n], a.beta * means[n:], means[:n], means[n:])
-    metrics.update({"nll_loss": nll.item(), "log_odds_ratio": log_or.mean().item(),
+    metrics.update({"nll_loss": (nll / policy.all_lengths[:n].sum().clamp(min=1)).item(),
+                    "log_odds_ratio": log_or.mean().item(),
                     "log_odds_chosen": F.logsigmoid(log_or).mean().item()})
-    return loss, metrics
+    return terms, metrics
 
 
 ALGORITHMS.register("orpo", Algorithm(trainer="preference", data="pair", loss=batch_loss, defaults={"beta": 0.1},

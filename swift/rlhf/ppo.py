@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 
 from swift.rlhf.base import ALGORITHMS, ROLLOUT_FLAGS, Algorithm
-from swift.rlhf.grpo import LOSS_TYPES, policy_loss, token_mean
+from swift.rlhf.grpo import LOSS_TYPES, global_token_mean, policy_loss
+from swift.rlhf.reduce import Terms
 
 WHITEN_EPS = 1e-8
 
@@ -78,10 +79,10 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, stats: torch.Tensor, shift_mean:
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
-               cliprange_value: float, aggregate=token_mean,
-               **aggregate_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The clipped value loss (aggregated over tokens like the policy loss) and its per-token
-    clipped flags (where the clipped term is the larger)."""
+               cliprange_value: float, aggregate=global_token_mean,
+               **aggregate_kwargs) -> tuple[Terms, torch.Tensor]:
+    """The clipped value loss's terms (aggregated over tokens like the policy loss, `swift.rlhf.reduce`)
+    and its per-token clipped flags (where the clipped term is the larger)."""
     clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
     unclipped_loss, clipped_loss = (values - returns) ** 2, (clipped - returns) ** 2
     per_token = 0.5 * torch.max(unclipped_loss, clipped_loss)

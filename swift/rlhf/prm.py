@@ -10,23 +10,18 @@ import torch.nn.functional as F
 
 from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, Algorithm
 from swift.rlhf.logps import IGNORE_INDEX
+from swift.rlhf.reduce import Terms
 
 
-def step_loss(logits: torch.Tensor, labels: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
-    """`logits` [B, T, 2], `labels` [B, T] with 0/1 at step ends, −100 elsewhere; the mean over
-    `tokens` step ends (the optimizer step's, per micro-batch and rank), by default this batch's."""
+def batch_loss(logits: torch.Tensor, batch: dict, a) -> tuple[Terms, dict]:
+    """`logits` [B, T, 2], `labels` [B, T] with 0/1 at step ends, −100 elsewhere: the cross-entropy
+    summed over step ends (a `tokens` term: the mean over the step's step ends)."""
+    labels = batch["labels"]
     total = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1),
                             ignore_index=IGNORE_INDEX, reduction="sum")
-    return total / (tokens if tokens is not None else (labels != IGNORE_INDEX).sum()).clamp(min=1)
-
-
-def batch_loss(logits: torch.Tensor, batch: dict, a) -> tuple[torch.Tensor, dict]:
-    labels = batch["labels"]
-    counts = batch.get("token_counts")
-    loss = step_loss(logits, labels, counts[2] if counts is not None else None)
     steps = labels != IGNORE_INDEX
     predicted = logits.detach().argmax(-1)
-    return loss, {"step_accuracy": (predicted[steps] == labels[steps]).float().mean().item()}
+    return {"tokens": total}, {"step_accuracy": (predicted[steps] == labels[steps]).float().mean().item()}
 
 
 ALGORITHMS.register("prm", Algorithm(trainer="classifier", data="steps", loss=batch_loss, task_type="token_cls",

@@ -11,6 +11,7 @@ import torch
 from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, Algorithm
 from swift.rlhf.cpo import smoothed_sigmoid_loss
 from swift.rlhf.logps import SequenceLogps, pair_metrics
+from swift.rlhf.reduce import Terms
 
 
 def simpo_loss(chosen_mean: torch.Tensor, rejected_mean: torch.Tensor, *, beta: float, gamma: float,
@@ -19,13 +20,15 @@ def simpo_loss(chosen_mean: torch.Tensor, rejected_mean: torch.Tensor, *, beta: 
                                  label_smoothing=label_smoothing)
 
 
-def batch_loss(policy: SequenceLogps, ref, batch: dict, a) -> tuple[torch.Tensor, dict]:
+def batch_loss(policy: SequenceLogps, ref, batch: dict, a) -> tuple[Terms, dict]:
     n = policy.sums.size(0) // 2
     means = policy.means
-    nll = policy.nll(slice(0, n))
-    loss = simpo_loss(means[:n], means[n:], beta=a.beta, gamma=a.simpo_gamma,
-                      label_smoothing=a.label_smoothing).mean() + a.cpo_alpha * nll
-    return loss, {**pair_metrics(a.beta * means[:n], a.beta * means[n:], means[:n], means[n:]), "nll_loss": nll.item()}
+    nll = policy.nll_sum(slice(0, n))
+    terms = {"pairs": simpo_loss(means[:n], means[n:], beta=a.beta, gamma=a.simpo_gamma,
+                                 label_smoothing=a.label_smoothing).sum(),
+             "chosen_tokens": a.cpo_alpha * nll}
+    return terms, {**pair_metrics(a.beta * means[:n], a.beta * means[n:], means[:n], means[n:]),
+                   "nll_loss": (nll / policy.lengths[:n].sum().clamp(min=1)).item()}
 
 
 ALGORITHMS.register("simpo", Algorithm(trainer="preference", data="pair", loss=batch_loss,

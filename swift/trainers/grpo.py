@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from swift.infer.protocol import RequestConfig
 from swift.rewards.process import process_advantages
-from swift.rlhf.grpo import LOSS_TYPES, compute_advantages, high_entropy_mask, rollout_importance_weights
+from swift.rlhf.grpo import compute_advantages, high_entropy_mask, rollout_importance_weights
+from swift.rlhf.reduce import set_step_counts
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
 from swift.trainers.completion_logps import reshuffle, tensorize, token_logps
@@ -179,8 +180,7 @@ class GRPOTrainer(RLHFTrainer):
         the end of the next one's first pass) and number the batches as training_step will see them."""
         if self._queue.fetched == 0 and self.state.global_step > 0:  # the first batch of a resumed run
             self._restore()
-        samples = self._queue.read(epoch_iterator, num_batches)
-        return samples, self._get_num_items_in_batch(samples, device)
+        return self._queue.read(epoch_iterator, num_batches), None
 
     # -- rollout -----------------------------------------------------------------------------------
     def _sync_engine(self) -> None:
@@ -278,18 +278,14 @@ class GRPOTrainer(RLHFTrainer):
                            "function returned None); they are left out of the loss")
         micro = self._micro_batches(trajectories, scored)
         advantages = self._assign_advantages(micro, rewards, trajectories, steps)
-        self._set_step_tokens(micro)
+        self._set_step_counts(micro)
         self._log_rollout(prompts, trajectories, rewards, per_func, advantages)
         return micro
 
-    def _set_step_tokens(self, micro: list[dict]) -> None:
-        """dapo's normaliser: the loss tokens of each optimizer step's micro-batches, over all ranks."""
-        ga = self.args.gradient_accumulation_steps
-        tokens = torch.stack([b["loss_mask"].sum() for b in micro]).view(-1, ga).sum(-1)
-        if self.accelerator.num_processes > 1:
-            tokens = self.accelerator.reduce(tokens.to(self.args.device), reduction="sum").cpu()
-        for s, batch in enumerate(micro):
-            batch["step_tokens"] = tokens[s // ga]
+    def _set_step_counts(self, micro: list[dict]) -> None:
+        """Each micro-batch's optimizer step (`gradient_accumulation_steps` consecutive ones) counted
+        over its micro-batches and ranks, for `swift.rlhf.reduce`."""
+        set_step_counts(micro, self.accelerator, per_step=self.args.gradient_accumulation_steps)
 
     # PPO (as TRL's) deals the generation batch's rows into new mini-batches on every pass over it;
     # GRPO (as TRL's) keeps one split for all its iterations
@@ -300,7 +296,7 @@ class GRPOTrainer(RLHFTrainer):
         order drawn from (seed, micro-batches trained so far), so a resumed run deals the same."""
         g = torch.Generator().manual_seed((self.args.seed * 1_000_003 + self._uses) % 2 ** 63)
         out = reshuffle(micro, self.processing_class.pad_token_id, g)
-        self._set_step_tokens(out)
+        self._set_step_counts(out)
         return out
 
     def _sample_and_score(self, prompts: list[dict]) -> tuple[list[Trajectory], torch.Tensor, list]:
@@ -431,8 +427,7 @@ class GRPOTrainer(RLHFTrainer):
                                      num_items_in_batch)
 
     def loss_and_metrics(self, model, inputs):
-        loss, info, entropies, metrics = self._policy_objective(model, inputs, self.rlhf_args.beta)
-        loss = loss * self._aggregation_scale()
+        terms, info, entropies, metrics = self._policy_objective(model, inputs, self.rlhf_args.beta)
         mask = inputs["loss_mask"]
         tokens = mask.sum().clamp(min=1)
 
@@ -444,10 +439,10 @@ class GRPOTrainer(RLHFTrainer):
                         "clip_ratio/region_mean": masked_mean(info["low_clipped"] | info["high_clipped"])})
         if info["kl"] is not None:
             metrics["kl"] = masked_mean(info["kl"].detach())
-        return loss, metrics
+        return terms, metrics
 
     def _policy_objective(self, model, inputs, beta: float, with_hidden: bool = False):
-        """The policy loss of a micro-batch (before `_aggregation_scale`), its per-token diagnostics
+        """The policy loss's terms of a micro-batch (`swift.rlhf.reduce`), its per-token diagnostics
         (ratio, clipped flags, kl; with_hidden: the forward's last hidden states), the tokens'
         entropies and the off-policy metrics."""
         a = self.rlhf_args
@@ -468,20 +463,11 @@ class GRPOTrainer(RLHFTrainer):
             tau_pos=a.tau_pos, tau_neg=a.tau_neg, beta=beta,
             ref_logps=inputs.get("ref_logps"), kl_type=a.kl_estimator,
             importance_sampling_level=a.importance_sampling_level, loss_type=a.loss_type[0],
-            max_completion_length=a.max_completion_length, token_weights=weights,
-            num_items_in_batch=inputs["step_tokens"])
+            max_completion_length=a.max_completion_length, token_weights=weights)
         info["logps"] = logps
         if hidden:
             info["hidden"] = hidden[0]
         return loss, info, entropies, sampling_metrics
-
-    def _aggregation_scale(self) -> float:
-        """dapo and cispo normalise by the whole step's tokens: undo the trainer's division by the
-        accumulation steps and DDP's average over ranks, so the step's gradient is Σ ℓ_t / tokens."""
-        if not LOSS_TYPES.get(self.rlhf_args.loss_type[0]).over_step_tokens:
-            return 1.0
-        steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
-        return steps * self.accelerator.num_processes
 
     # -- metrics and evaluation --------------------------------------------------------------------
     def _log_rollout(self, prompts, trajectories, rewards, per_func, advantages) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from swift.rlhf.grpo import LOSS_TYPES, kl_estimate
 from swift.rlhf.ppo import KLController, gae, mean_and_var, moments, token_rewards, value_loss, whiten
+from swift.rlhf.reduce import logged
 from swift.trainers.critic import Critic
 from swift.trainers.grpo import GRPOTrainer
 
@@ -176,9 +177,10 @@ class PPOTrainer(GRPOTrainer):
         critic, value_clipped = value_loss(values, inputs["values"], inputs["returns"], mask,
                                            cliprange_value=a.cliprange_value,
                                            aggregate=LOSS_TYPES.get(a.loss_type[0]).aggregate,
-                                           max_completion_length=a.max_completion_length,
-                                           num_items_in_batch=inputs["step_tokens"])
-        loss = (policy + a.vf_coef * critic) * self._aggregation_scale()
+                                           max_completion_length=a.max_completion_length)
+        terms = dict(policy)
+        for kind, value in critic.items():
+            terms[kind] = terms[kind] + a.vf_coef * value if kind in terms else a.vf_coef * value
         tokens = mask.sum().clamp(min=1)
 
         def masked_mean(x):
@@ -190,9 +192,8 @@ class PPOTrainer(GRPOTrainer):
         metrics.update({
             "policy/approxkl_avg": masked_mean(0.5 * log_ratio ** 2),
             "policy/clipfrac_avg": masked_mean(info["low_clipped"] | info["high_clipped"]),
-            # as logged (averaged over micro-batches and ranks): the step's token means under dapo
-            "loss/policy_avg": policy.item() * self._aggregation_scale(),
-            "loss/value_avg": critic.item() * self._aggregation_scale(),
+            # as logged (averaged over micro-batches and ranks): the step's losses
+            "loss/policy_avg": logged(policy, inputs), "loss/value_avg": logged(critic, inputs),
             "val/clipfrac_avg": masked_mean(value_clipped), "policy/entropy_avg": masked_mean(entropies),
             "val/ratio": mean_ratio, "val/ratio_var": masked_mean((ratio - mean_ratio) ** 2)})
-        return loss, metrics
+        return terms, metrics

@@ -22,7 +22,8 @@ from transformers import Trainer
 from swift.infer.protocol import InferRequest, RequestConfig
 from swift.rlhf import gkd
 from swift.rlhf.logps import (IGNORE_INDEX, SequenceLogps, head_logps, hidden_states_out, labelled_positions,
-                              plain_head, step_token_counts, target_logps)
+                              plain_head, target_logps)
+from swift.rlhf.reduce import Terms, set_step_counts, step_loss
 from swift.trainers.zero3 import frozen_zero3, zero3_enabled
 
 
@@ -69,14 +70,14 @@ def disable_dropout(*models) -> None:
 
 
 class RLHFTrainer(Trainer):
-    """Shared by the trainers: metrics averaged per logging step under TRL's names.
+    """Shared by the trainers: the step-level normalisation of every loss (`swift.rlhf.reduce`: each
+    algorithm returns sums and the kinds of count they are divided by, counted over the whole
+    optimizer step before its first forward) and metrics averaged per logging step under TRL's names.
 
-    Every algorithm's loss is a mean over its micro-batch, not a sum normalised by the global batch's
-    `num_items_in_batch`, so the HF Trainer must divide it by the gradient-accumulation steps (left
-    to its own guess, it sees a model that takes loss kwargs and skips the division, which made
-    loss and gradients GA× too large)."""
+    A micro-batch's loss is its share of the step's, so the HF Trainer must not divide it by the
+    gradient-accumulation steps again (`loss_is_scaled_for_ga`)."""
 
-    loss_is_scaled_for_ga = False
+    loss_is_scaled_for_ga = True
 
     def __init__(self, *args, algorithm, rlhf_args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -102,28 +103,32 @@ class RLHFTrainer(Trainer):
             model.forward = torch.autocast(self.args.device.type, dtype=dtype)(model.forward)
         return model
 
+    @property
+    def shifted_labels(self) -> bool:
+        """Labels name the next token (a causal LM), not the token itself (a token classifier's)."""
+        return self.algorithm.task_type != "token_cls"
+
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """The optimizer step's micro-batches, each told the step's token counts (`token_counts`,
-        over all micro-batches and ranks, divided by their number), so that token-mean terms (an
-        NLL, a token classifier's cross-entropy) average over the whole step as one batch would."""
-        samples, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if samples and all(isinstance(s, dict) and "labels" in s for s in samples):
-            total = torch.stack([step_token_counts(s) for s in samples]).sum(0).to(device)
-            if self.accelerator.num_processes > 1:
-                total = self.accelerator.reduce(total, reduction="sum")
-            share = total.float() / (len(samples) * self.accelerator.num_processes)
-            for s in samples:
-                s["token_counts"] = share
-        return samples, num_items
+        """The optimizer step's micro-batches (`step_batches` may replace them, e.g. with sampled
+        answers), each given the counts of the whole step (`swift.rlhf.reduce.set_step_counts`)."""
+        samples, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        samples = self.step_batches(samples)
+        set_step_counts(samples, self.accelerator, shifted=self.shifted_labels)
+        return samples, None
+
+    def step_batches(self, samples: list[dict]) -> list[dict]:
+        return samples
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss, metrics = self.loss_and_metrics(model, inputs)
+        terms, metrics = self.loss_and_metrics(model, inputs)
+        loss = step_loss(terms, inputs, self.accelerator.num_processes, self.shifted_labels)
         mode = "train" if self.model.training else "eval"
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
         return (loss, None) if return_outputs else loss
 
-    def loss_and_metrics(self, model, inputs) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_and_metrics(self, model, inputs) -> tuple[Terms, dict[str, float]]:
+        """The loss's terms (`swift.rlhf.reduce`) and the metrics of this micro-batch."""
         raise NotImplementedError  # each trainer below defines it
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -187,7 +192,6 @@ class PreferenceTrainer(RLHFTrainer):
     def loss_and_metrics(self, model, inputs):
         keep = labelled_positions(inputs["labels"])
         policy = forward_logps(model, inputs, keep, self.algorithm.whole_sequence_nll)
-        policy.token_counts = inputs.get("token_counts")
         ref = None
         if "ref_logps" in inputs:
             ref = SequenceLogps(inputs["ref_logps"].to(policy.sums), policy.lengths)
@@ -207,7 +211,7 @@ class DistillTrainer(RLHFTrainer):
         super().__init__(*args, **kwargs)
         self.teacher = self.frozen(teacher_model)
         self._engines: dict[str, Any] = {}
-        self._position = (-1, -1)  # (optimizer step, micro-batch within it) of the last training_step
+        self._position = (-1, -1)  # (optimizer step, micro-batch within it) being prepared
 
     def _draw(self, what: str, per_rank: bool = False) -> random.Random:
         """A random source for this micro-batch, from (seed, optimizer step, micro-batch in the step):
@@ -216,14 +220,19 @@ class DistillTrainer(RLHFTrainer):
         rank = f":{self.args.process_index}" if per_rank else ""
         return random.Random(f"{self.args.seed}:{self._position[0]}:{self._position[1]}:{what}{rank}")
 
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        step, micro = self._position
-        self._position = (self.state.global_step, micro + 1 if step == self.state.global_step else 0)
-        if self.rlhf_args.seq_kd:  # sequence-level KD: the teacher's answers replace the dataset's
-            inputs = self._sampled(inputs, "teacher")
-        if self._draw("coin").random() < self.rlhf_args.lmbda:
-            inputs = self._sampled(inputs, "student")
-        return super().training_step(model, inputs, num_items_in_batch)
+    def step_batches(self, samples: list[dict]) -> list[dict]:
+        """Each micro-batch of the step with the answers it trains on: the dataset's, the teacher's
+        (--seq_kd) or, with probability --lmbda, the student's own. Sampled before the step's first
+        forward (the weights do not change within a step), so the step's tokens can be counted."""
+        out = []
+        for micro, inputs in enumerate(samples):
+            self._position = (self.state.global_step, micro)
+            if self.rlhf_args.seq_kd:  # sequence-level KD: the teacher's answers replace the dataset's
+                inputs = self._sampled(inputs, "teacher")
+            if self._draw("coin").random() < self.rlhf_args.lmbda:
+                inputs = self._sampled(inputs, "student")
+            out.append(inputs)
+        return out
 
     def _sampled(self, inputs: dict, by: str) -> dict:
         """The batch's prompts with answers sampled by the student (its own, on-policy) or the teacher
@@ -270,18 +279,17 @@ class DistillTrainer(RLHFTrainer):
             with torch.no_grad(), hidden_states_out(self.teacher):
                 teacher = self.teacher(**forward).logits[mask]
             jsd, nll = gkd.head_losses(student, student_head, teacher, teacher_head, targets[mask], a.beta, with_nll)
-            loss, metrics = jsd.mean(), {"jsd": jsd.mean().item()}
-            nll = nll.mean() if with_nll else None
+            terms = {"tokens": jsd.sum()}
+            metrics = {"jsd": jsd.mean().item() if jsd.numel() else 0.0}
+            nll = nll.sum() if with_nll else None
         else:
             student = model(**forward).logits
             with torch.no_grad():
                 teacher = self.teacher(**forward).logits
-            loss, metrics = self.algorithm.loss(student[mask], teacher[mask], a)
-            nll = F.cross_entropy(student[mask].float(), targets[mask]) if with_nll else None
-        if nll is not None:
-            loss = loss + a.sft_alpha * nll
-            metrics["sft_loss"] = nll.item()
-        if inputs.get("token_counts") is not None:  # both terms are token means: over the whole step's tokens
-            loss = loss * mask.sum() / inputs["token_counts"][2].clamp(min=1)
+            terms, metrics = self.algorithm.loss(student[mask], teacher[mask], a)
+            nll = F.cross_entropy(student[mask].float(), targets[mask], reduction="sum") if with_nll else None
+        if nll is not None:  # both are sums over the labelled tokens: a token mean over the step
+            terms["tokens"] = terms["tokens"] + a.sft_alpha * nll
+            metrics["sft_loss"] = (nll / mask.sum().clamp(min=1)).item()
         metrics["on_policy"] = float(bool(inputs.get("on_policy")))
-        return loss, metrics
+        return terms, metrics

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from swift.model import load_model
 from swift.pipelines.rlhf import rlhf_main
 from tests.conftest import TEXT_LENGTH, save_perturbed, train_argv
 
@@ -18,8 +19,9 @@ DATA = {"dpo": "builtin:arith-dpo#8", "orpo": "builtin:arith-dpo#8", "cpo": "bui
         "prm": "builtin:arith-prm#8", "gkd": "builtin:arith-sft#8"}
 
 
-def one_step(out, rlhf_type, batch, ga, *extra):
-    rlhf_main(train_argv(out, "--rlhf_type", rlhf_type, "--dataset", DATA.get(rlhf_type, "builtin:arith-sft#8"),
+def one_step(out, rlhf_type, batch, ga, *extra, data=None):
+    data = data or DATA.get(rlhf_type, "builtin:arith-sft#8")
+    rlhf_main(train_argv(out, "--rlhf_type", rlhf_type, "--dataset", data,
                          "--tuner_type", "full", *extra, "--optim", "sgd", "--learning_rate", "1.0", "--max_steps", "1", "--lr_scheduler_type",
                          "constant", "--per_device_train_batch_size", str(batch), "--gradient_accumulation_steps",
                          str(ga), "--save_strategy", "no"))
@@ -30,9 +32,9 @@ def one_step(out, rlhf_type, batch, ga, *extra):
     return loss, load_file(os.path.join(out, weights))
 
 
-def assert_same(tmp_path, rlhf_type, batch, k, *extra, rel=1e-5):
-    loss1, w1 = one_step(tmp_path / "ga1", rlhf_type, batch, 1, *extra)
-    loss_k, w_k = one_step(tmp_path / f"ga{k}", rlhf_type, batch // k, k, *extra)
+def assert_same(tmp_path, rlhf_type, batch, k, *extra, rel=1e-5, micro=None, data=None):
+    loss1, w1 = one_step(tmp_path / "ga1", rlhf_type, batch, 1, *extra, data=data)
+    loss_k, w_k = one_step(tmp_path / f"ga{k}", rlhf_type, micro or batch // k, k, *extra, data=data)
     assert loss_k == pytest.approx(loss1, rel=max(rel, 1e-4), abs=1e-5)  # logged with 4 significant digits
     for name in w1:
         torch.testing.assert_close(w_k[name], w1[name], rtol=rel, atol=rel, msg=name)
@@ -55,6 +57,26 @@ def test_token_mean_losses_do_not_depend_on_gradient_accumulation(tmp_path, rlhf
     # their NLL / token-classification terms average over the tokens of the whole step (every
     # micro-batch), as one batch of 8 would, not over each micro-batch's own
     assert_same(tmp_path, rlhf_type, 8, 4)
+
+
+@pytest.mark.parametrize("rlhf_type", ["dpo", "orpo", "kto", "prm"])
+def test_a_step_of_unequal_micro_batches_equals_one_batch(tmp_path, rlhf_type):
+    # 6 rows as GA 2 × batch 4: micro-batches of 4 and 2 rows. Every term is divided by its count
+    # over the whole step (pairs, answer tokens, every token of the chosen rows, step ends), so
+    # this equals one batch of 6; a mean per micro-batch would weigh the last 2 rows twice
+    data = DATA[rlhf_type].replace("#8", "#6")
+    assert_same(tmp_path, rlhf_type, 6, 2, micro=4, data=data)
+
+
+def test_gkd_on_policy_does_not_depend_on_gradient_accumulation(tmp_path, quickstart):
+    # --lmbda 1: every micro-batch trains on the student's own answers, greedy (--temperature 0) so
+    # that both splits sample the same ones; from the quickstart's sft model, which answers and
+    # stops, so the micro-batches' answers differ in length. The step's loss divides by the tokens
+    # sampled in all of its micro-batches, counted after sampling
+    sft = os.path.join(quickstart[1], "sft")
+    teacher = save_perturbed(load_model(sft), tmp_path / "teacher")
+    assert_same(tmp_path, "gkd", 8, 2, "--model", sft, "--teacher_model", teacher, "--lmbda", "1",
+                "--max_completion_length", "8", "--temperature", "0")
 
 
 def test_kto_does_not_depend_on_gradient_accumulation(tmp_path):

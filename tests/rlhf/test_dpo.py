@@ -39,9 +39,9 @@ def trl_batch_and_loss(policy, ref, tokenizer, loss_type, beta, tmp_path):
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge", "robust"])
 def test_loss_equals_trl(models, loss_type, tmp_path):
-    """Through our trainer's own `loss_and_metrics` (the policy's chunked forward, the positions it
-    keeps, the reference model it loaded from --ref_model) on TRL's batch, against TRL's
-    `compute_loss`."""
+    """Through our trainer's own `compute_loss` (the policy's chunked forward, the positions it
+    keeps, the reference model it loaded from --ref_model, the step reducer) on TRL's batch, against
+    TRL's `compute_loss`."""
     from swift.pipelines.base import resolve_args
     from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
 
@@ -58,7 +58,8 @@ def test_loss_equals_trl(models, loss_type, tmp_path):
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": labels}
     ours.model.eval()
     with torch.no_grad():
-        loss, metrics = ours.loss_and_metrics(ours.model, inputs)
+        loss = ours.compute_loss(ours.model, inputs)
+    metrics = {key: values[-1] for key, values in ours._metrics["eval"].items()}
     assert abs(loss.item() - expected.item()) < 1e-5
     assert metrics["rewards/margins"] != 0  # the reference differs from the policy
 

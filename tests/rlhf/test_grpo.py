@@ -7,8 +7,15 @@ import torch
 from datasets import Dataset
 
 from swift.rlhf.grpo import ADVANTAGE_ESTIMATORS, compute_advantages, high_entropy_mask, kl_estimate, policy_loss
+from swift.rlhf.reduce import batch_counts, divide
 
 REWARDS = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 5.0]  # two prompts × four generations
+
+
+def own_loss(logps, old, advantages, mask, **kwargs):
+    """`policy_loss` over one micro-batch that is its whole optimizer step (the trainer's reducer)."""
+    terms, info = policy_loss(logps, old, advantages, mask, **kwargs)
+    return divide(terms, batch_counts({"loss_mask": mask})), info
 
 
 def _mean(xs):
@@ -151,16 +158,16 @@ def test_policy_loss_equals_trl(trl_setup, tiny_dir, tmp_path, loss_type, flags,
             trl_inputs = {**inputs, "old_per_token_logps": old, "ref_per_token_logps": ref,
                           "num_items_in_batch": mask.sum()}
             expected = trainer._compute_loss(model, trl_inputs)
-            ours_inputs = {**inputs, "loss_mask": mask.float(), "old_logps": old, "ref_logps": ref,
-                           "step_tokens": mask.sum()}
-            loss, metrics = ours.loss_and_metrics(ours.model, ours_inputs)
+            ours_inputs = {**inputs, "loss_mask": mask.float(), "old_logps": old, "ref_logps": ref}
+            loss = ours.compute_loss(ours.model, ours_inputs)  # one micro-batch: the step's loss is its own
+            metrics = {key: values[-1] for key, values in ours._metrics["eval"].items()}
     finally:
         ours.close()
     if level == "token" and loss_type != "sapo":
         assert metrics["clip_ratio/region_mean"] > 0  # the clip is exercised
     if level == "token" and "delta" in trl_settings:  # and so is δ: without it the loss differs
-        plain, _ = policy_loss(logps, old, inputs["advantages"], mask.float(), epsilon=0.2, epsilon_high=0.28,
-                               beta=0.04, ref_logps=ref)
+        plain, _ = own_loss(logps, old, inputs["advantages"], mask.float(), epsilon=0.2, epsilon_high=0.28,
+                            beta=0.04, ref_logps=ref)
         assert abs(plain.item() - loss.item()) > 1e-4
     assert abs(loss.item() - expected.item()) < 1e-5
 
@@ -219,20 +226,20 @@ def test_new_losses_by_hand():
     logps = torch.log(torch.tensor([[1.5, 0.5]])).requires_grad_()
     mask = torch.ones(1, 2)
     neg = torch.tensor([-1.0])
-    plain, _ = policy_loss(logps, old, neg, mask, epsilon=0.2)
-    capped, _ = policy_loss(logps, old, neg, mask, epsilon=0.2, delta=1.3)
+    plain, _ = own_loss(logps, old, neg, mask, epsilon=0.2)
+    capped, _ = own_loss(logps, old, neg, mask, epsilon=0.2, delta=1.3)
     assert plain.item() == pytest.approx((1.5 + 0.8) / 2)  # −min(−1.5, −1.2), −min(−0.5, −0.8)
     assert capped.item() == pytest.approx((1.3 + 0.8) / 2)
     pos = torch.tensor([2.0])
-    loss, info = policy_loss(logps, old, pos, mask, epsilon_high=1.2, loss_type="cispo")
+    loss, info = own_loss(logps, old, pos, mask, epsilon_high=1.2, loss_type="cispo")
     assert loss.item() == pytest.approx(-(1.2 * 2 * math.log(1.5) + 0.5 * 2 * math.log(0.5)) / 2)
     loss.backward()
     assert logps.grad[0].tolist() == pytest.approx([-1.2 * 2 / 2, -0.5 * 2 / 2])  # both tokens get a gradient
     assert info["high_clipped"].tolist() == [[True, False]]
-    clipped, _ = policy_loss(logps, old, pos, mask, epsilon_high=0.2)  # the hard clip: no gradient above 1.2
+    clipped, _ = own_loss(logps, old, pos, mask, epsilon_high=0.2)  # the hard clip: no gradient above 1.2
     logps.grad = None
     clipped.backward()
     assert logps.grad[0, 0].item() == 0.0
-    sapo, _ = policy_loss(logps.detach(), old, pos, mask, loss_type="sapo", tau_pos=2.0)
+    sapo, _ = own_loss(logps.detach(), old, pos, mask, loss_type="sapo", tau_pos=2.0)
     gate = [4 / 2.0 / (1 + math.exp(-2.0 * (w - 1))) for w in (1.5, 0.5)]
     assert sapo.item() == pytest.approx(-sum(g * 2 for g in gate) / 2)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from swift.rlhf.grpo import per_sequence_mean
+from swift.rlhf.reduce import batch_counts, divide
 from swift.rlhf.ppo import KLController, gae, moments, token_rewards, value_loss, whiten
 
 # three completions of 4, 2 and 5 tokens (the last cut at the length limit: no padding)
@@ -69,22 +70,24 @@ def test_value_loss_is_half_the_larger_squared_error_with_clipping():
     new = old + 0.5 * torch.randn(3, 5, generator=g)
     returns = torch.randn(3, 5, generator=g)
     c = 0.2
-    loss, clipped = value_loss(new, old, returns, mask, cliprange_value=c)
-    terms, flags = [], []
+    terms, clipped = value_loss(new, old, returns, mask, cliprange_value=c)
+    loss = divide(terms, batch_counts({"loss_mask": mask}))
+    per_token, flags = [], []
     for i, n in enumerate(LENGTHS):
         for t in range(n):
             v, v_old, ret = new[i, t].item(), old[i, t].item(), returns[i, t].item()
             v_clip = v_old + min(max(v - v_old, -c), c)
-            terms.append(0.5 * max((v - ret) ** 2, (v_clip - ret) ** 2))
+            per_token.append(0.5 * max((v - ret) ** 2, (v_clip - ret) ** 2))
             flags.append((v_clip - ret) ** 2 > (v - ret) ** 2)
-    assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-5)
+    assert loss.item() == pytest.approx(sum(per_token) / len(per_token), rel=1e-5)
     assert clipped[mask.bool()].tolist() == flags
     assert 0 < sum(flags) < len(flags)  # both branches are exercised
     # aggregated like the policy loss: per sequence, then over sequences
     per_seq, _ = value_loss(new, old, returns, mask, cliprange_value=c, aggregate=per_sequence_mean)
+    per_seq = divide(per_seq, batch_counts({"loss_mask": mask}))
     means, start = [], 0
     for n in LENGTHS:
-        means.append(sum(terms[start:start + n]) / n)
+        means.append(sum(per_token[start:start + n]) / n)
         start += n
     assert per_seq.item() == pytest.approx(sum(means) / 3, rel=1e-5)
 

@@ -1,6 +1,7 @@
 """ORPO, CPO, SimPO, KTO, reward-model and GKD losses against TRL 1.16 (the oracle): TRL builds the
-batch and computes its loss; our algorithm's loss (the same function the trainer calls) runs on the
-same tensors and must agree within 1e-5."""
+batch and computes its loss; our algorithm's loss (the same function the trainer calls), divided by
+the batch's counts as the trainer's step reducer does (`swift.rlhf.reduce`), runs on the same
+tensors and must agree within 1e-5."""
 import copy
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ from datasets import Dataset
 
 from swift.model import load_model
 from swift.rlhf import ALGORITHMS
+from swift.rlhf.reduce import batch_counts, divide
 
 PAIRS = [("07+45=", "52", "25"), ("10+10=", "20", "1"), ("99+1=", "100", "991"), ("3+4=", "7", "34")]
 CPU = dict(report_to="none", use_cpu=True, bf16=False, dataloader_pin_memory=False)
@@ -49,6 +51,11 @@ def concat(a: torch.Tensor, b: torch.Tensor, pad) -> torch.Tensor:
     return torch.cat([torch.nn.functional.pad(x, (0, width - x.size(1)), value=pad) for x in (a, b)])
 
 
+def reduced(terms, batch: dict) -> torch.Tensor:
+    """The loss of `batch` taken as one optimizer step: what the trainer's reducer makes of the terms."""
+    return divide(terms, batch_counts(batch))
+
+
 def args(rlhf_type, **overrides):
     from swift.arguments.rlhf import RlhfArguments
 
@@ -73,10 +80,12 @@ def test_reference_free_pair_losses_equal_trl(models, tmp_path, rlhf_type, trl_k
     pad = tokenizer.pad_token_id
     with torch.no_grad():
         expected = trainer.compute_loss(trainer.model, batch)
-        out = logps(policy, concat(batch["chosen_input_ids"], batch["rejected_input_ids"], pad),
-                    concat(batch["chosen_attention_mask"], batch["rejected_attention_mask"], 0),
-                    concat(batch["chosen_labels"], batch["rejected_labels"], -100))
-        loss, metrics = ALGORITHMS[rlhf_type].loss(out, None, {}, args(rlhf_type, **ours))
+        ours_batch = {"input_ids": concat(batch["chosen_input_ids"], batch["rejected_input_ids"], pad),
+                      "attention_mask": concat(batch["chosen_attention_mask"], batch["rejected_attention_mask"], 0),
+                      "labels": concat(batch["chosen_labels"], batch["rejected_labels"], -100)}
+        out = logps(policy, **ours_batch)
+        terms, metrics = ALGORITHMS[rlhf_type].loss(out, None, {}, args(rlhf_type, **ours))
+        loss = reduced(terms, ours_batch)
     assert abs(loss.item() - expected.item()) < 1e-5
     assert metrics["rewards/accuracies"] == pytest.approx(trainer._stored_metrics["train"]["rewards/accuracies"][-1])
 
@@ -98,8 +107,9 @@ def test_kto_loss_equals_trl(models, tmp_path):
         ids = torch.cat([batch["input_ids"], batch["KL_input_ids"]])
         mask = torch.cat([batch["attention_mask"], batch["KL_attention_mask"]])
         labels = ids.masked_fill(torch.cat([batch["completion_mask"], batch["KL_completion_mask"]]) == 0, -100)
-        loss, metrics = ALGORITHMS["kto"].loss(logps(policy, ids, mask, labels), logps(ref, ids, mask, labels),
-                                               {"label": batch["label"]}, args("kto", undesirable_weight=1.5))
+        terms, metrics = ALGORITHMS["kto"].loss(logps(policy, ids, mask, labels), logps(ref, ids, mask, labels),
+                                                {"label": batch["label"]}, args("kto", undesirable_weight=1.5))
+        loss = reduced(terms, {"input_ids": ids, "attention_mask": mask, "labels": labels})
     assert abs(loss.item() - expected.item()) < 1e-5
     assert metrics["kl"] == pytest.approx(trainer._metrics["train"]["kl"][-1], abs=1e-6)
 
@@ -117,7 +127,8 @@ def test_reward_model_loss_equals_trl(tmp_path, margins, center):
     with torch.no_grad():
         expected = trainer.compute_loss(trainer.model, dict(batch))
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss, metrics = ALGORITHMS["rm"].loss(logits, batch, args("rm", center_rewards_coefficient=center))
+        terms, metrics = ALGORITHMS["rm"].loss(logits, batch, args("rm", center_rewards_coefficient=center))
+        loss = reduced(terms, {"input_ids": batch["input_ids"]})
     assert abs(loss.item() - expected.item()) < 1e-5
     assert metrics["accuracy"] == pytest.approx(trainer._metrics["train"]["accuracy"][-1])
 
@@ -141,5 +152,6 @@ def test_gkd_generalized_jsd_equals_trl(models, tokenizer, beta):
         keep = labelled_positions(labels)  # what the trainer does: logits only at labelled positions
         targets = labels[:, 1:][:, keep]
         sel = targets != -100
-        loss, _ = ALGORITHMS["gkd"].loss(s[:, keep][sel], t[:, keep][sel], args("gkd", beta=beta))
+        terms, _ = ALGORITHMS["gkd"].loss(s[:, keep][sel], t[:, keep][sel], args("gkd", beta=beta))
+        loss = reduced(terms, {"input_ids": ids, "attention_mask": mask, "labels": labels})
     assert abs(loss.item() - expected.item()) < 1e-5
