@@ -73,6 +73,17 @@ def single_process_env() -> None:
                       MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
 
 
+def skip_cpu_shm_op() -> None:
+    """On CPU, DeepSpeed's communication layer compiles a shared-memory all-reduce op with the C++
+    compiler when its first process group starts (90–170 s on this 2-core machine, measured from
+    ninja's log), and again in every fresh environment. Only its inference all-reduce (AutoTP)
+    uses that op, falling back to torch.distributed without it; training never calls it."""
+    import importlib
+
+    # by module name: the attribute `deepspeed.comm.torch` is the torch package itself
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 def init_distributed(training_args) -> None:
     """Join DeepSpeed's communication layer to the process group HF has set up (gloo on CPU), so
     ZeRO-3's partitioned model construction (`zero.Init`) sees every rank."""

@@ -79,9 +79,11 @@ class TrainingArguments(Seq2SeqTrainingArguments):
         from accelerate.utils import DeepSpeedPlugin
         from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
-        from swift.arguments.deepspeed import init_distributed, single_process_env
+        from swift.arguments.deepspeed import init_distributed, single_process_env, skip_cpu_shm_op
 
         single_process_env()
+        if self.use_cpu:
+            skip_cpu_shm_op()
         self.__dict__.pop("_setup_devices", None)  # recomputed with DeepSpeed on
         self.deepspeed = self.deepspeed_config
         self.hf_deepspeed_config = HfTrainerDeepSpeedConfig(self.deepspeed)
