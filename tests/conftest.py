@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,59 @@ GROUPS = {
 def pytest_configure(config):
     # `swift <command> --help` keeps its text in SWIFT_CACHE_HOME: here, not the user's ~/.cache
     os.environ["SWIFT_CACHE_HOME"] = str(config.cache.mkdir("swift-home"))
+
+
+# `swift` as a test's process (`[*SWIFT, "sft", ...]` where a test would run `python -m swift sft
+# ...`): forked from this worker's fork server, which has imported the pipelines once
+# (tests/forkserver.py), or `python -m swift` itself where the server cannot stand in for a fresh
+# interpreter. Tests that look at the process itself (its memory, its imports) run `python -m swift`.
+FORKSERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
+SWIFT = [sys.executable, "-S", FORKSERVER, "--"]
+
+
+def start_forkserver(directory: str, env: dict | None = None):
+    """A fork server (tests/forkserver.py) for this worker, ready in the background (until then its
+    clients start `python -m swift`); returns the process and its socket path."""
+    import subprocess
+
+    path = os.path.join(directory, "swift.sock")
+    proc = subprocess.Popen([sys.executable, FORKSERVER, path], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, cwd=directory)
+    return proc, path
+
+
+def forkserver_env(env: dict) -> tuple[dict, object]:
+    """`env` for a script that runs `swift` from PATH (examples/*.sh), with a fork server of its own
+    started with that environment (so that variables read at import time, such as
+    ATEN_CPU_CAPABILITY, take effect) and waited for; returns the environment and the server."""
+    import tempfile
+    import time
+
+    directory = tempfile.mkdtemp(prefix="swift-fork-")  # short: a socket path has at most 107 bytes
+    bin_dir = os.path.join(directory, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    shim = os.path.join(bin_dir, "swift")
+    with open(shim, "w") as f:
+        f.write(f'#!/bin/sh\nexec "{sys.executable}" -S "{FORKSERVER}" -- "$@"\n')
+    os.chmod(shim, 0o755)
+    proc, path = start_forkserver(directory, env)
+    deadline = time.time() + 300
+    while not os.path.exists(path + ".env") and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    return {**env, "SWIFT_TEST_FORKSERVER": path, "PATH": bin_dir + os.pathsep + env.get("PATH", "")}, proc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forkserver(tmp_path_factory):
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="swift-fork-")  # short: a socket path has at most 107 bytes
+    proc, path = start_forkserver(directory)
+    os.environ["SWIFT_TEST_FORKSERVER"] = path
+    yield path
+    os.environ.pop("SWIFT_TEST_FORKSERVER", None)
+    proc.terminate()
+    proc.wait(timeout=30)
 
 
 # the longest tests and groups, longest first (worker-seconds in a run on 2 cores, 2026-11-26: the

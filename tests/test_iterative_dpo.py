@@ -14,16 +14,22 @@ import subprocess
 
 import pytest
 
+from tests.conftest import forkserver_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
 def test_iterative_dpo_raises_accuracy(tmp_path, quickstart):
     _, out = quickstart
-    proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "iterative_dpo.sh")], cwd=tmp_path,
-                          env={**os.environ, "OUT": str(tmp_path / "idpo"), "QUICKSTART": out,
-                               "MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
-                          capture_output=True, text=True)
+    env, server = forkserver_env({**os.environ, "OUT": str(tmp_path / "idpo"), "QUICKSTART": out,
+                                  "MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})
+    try:  # its `swift` commands are forked from a server started with these kernel settings
+        proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "iterative_dpo.sh")], cwd=tmp_path, env=env,
+                              capture_output=True, text=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     accuracy = [float(x) for x in re.findall(r"^round \d: held-out accuracy ([0-9.]+)$", proc.stdout, re.M)]
     assert len(accuracy) == 4, proc.stdout

@@ -17,7 +17,8 @@ class Algorithm:
     data: how a row becomes sequences: "pair" (chosen + rejected), "unpaired" (one completion and a
         mismatched one for the KL baseline), "steps" (step-labelled solutions), "conversation",
         "prompt" (a prompt and its other columns, for online RL).
-    loss: returns (loss, metrics); its inputs depend on the trainer:
+    loss: returns (terms, metrics), the terms being sums over the micro-batch keyed by the kind of count
+        they are divided by (`swift.rlhf.reduce`); its inputs depend on the trainer:
         preference: `loss(policy, ref, batch, args)` with `SequenceLogps` (ref None without a reference);
         classifier: `loss(logits, batch, args)`; distill: `loss(student_logits, teacher_logits, args)`
         (the logits of the labelled positions only); rollout: `swift.rlhf.grpo.policy_loss`.

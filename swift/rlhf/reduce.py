@@ -32,7 +32,8 @@ Terms = dict  # kind -> the sum of a loss over this micro-batch (a scalar tensor
 
 
 def batch_counts(batch: dict, shifted: bool = True) -> torch.Tensor:
-    """Every kind's count in one micro-batch, in `KINDS` order (float64, on the CPU)."""
+    """Every kind's count in one micro-batch, in `KINDS` order (int64 on the CPU: HF's Trainer casts
+    floating-point inputs to the model's dtype under DeepSpeed, where bf16 would round a count)."""
     ids = batch.get("loss_mask", batch.get("input_ids"))
     rows = ids.size(0)
     counts = dict.fromkeys(KINDS, 0)
@@ -44,7 +45,7 @@ def batch_counts(batch: dict, shifted: bool = True) -> torch.Tensor:
         counts["tokens"] = (labels != IGNORE_INDEX).sum()
         counts["chosen_tokens"] = (labels[:rows // 2] != IGNORE_INDEX).sum()
         counts["chosen_all"] = batch["attention_mask"][:rows // 2, 1:].sum()
-    return torch.tensor([float(counts[k]) for k in KINDS], dtype=torch.float64)
+    return torch.tensor([int(counts[k]) for k in KINDS], dtype=torch.long)
 
 
 def set_step_counts(batches: list[dict], accelerator, per_step: int | None = None, shifted: bool = True) -> None:
@@ -73,11 +74,14 @@ def divide(terms: Terms, counts: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def step_loss(terms: Terms, batch: dict, num_processes: int, shifted: bool = True) -> torch.Tensor:
-    """A training micro-batch's share of its step's loss (× ranks, which DDP averages away); without
-    `step_counts` (evaluation) the batch's own mean."""
+def step_loss(terms: Terms, batch: dict, num_processes: int, shifted: bool = True,
+              training: bool = True) -> torch.Tensor:
+    """A training micro-batch's share of its step's loss (× ranks, which DDP averages away); in
+    evaluation the batch's own mean."""
     counts = batch.get("step_counts")
     if counts is None:
+        if training:  # a mean of this micro-batch alone would be GA× too large, and wrong across ranks
+            raise RuntimeError("a training micro-batch without its optimizer step's counts (step_counts)")
         return divide(terms, batch_counts(batch, shifted))
     return divide(terms, counts) * num_processes
 
@@ -88,4 +92,4 @@ def logged(terms: Terms, batch: dict, shifted: bool = True) -> float:
     counts = batch.get("step_counts")
     if counts is None:
         return divide(terms, batch_counts(batch, shifted)).item()
-    return (divide(terms, counts) * counts[KINDS.index("micro_batches")]).item()
+    return divide(terms, counts).item() * float(counts[KINDS.index("micro_batches")])

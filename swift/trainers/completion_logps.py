@@ -149,16 +149,16 @@ def tensorize(trajectories: list, pad: int, overlong_filter: bool = False) -> di
 def reshuffle(micro: list[dict], pad: int, generator: torch.Generator) -> list[dict]:
     """The rows of `tensorize`d micro-batches in a random order, cut into micro-batches of the same
     size, each padded to its own widths as `tensorize` pads (prompts on the left, the rest on the
-    right). Every tensor field travels with its row; scalar fields (counts over a step) are dropped
-    for the caller to count again."""
+    right). Every tensor field travels with its row; the step's counts (`step_counts`) are dropped for
+    the caller to count again."""
     rows = micro[0]["completion_ids"].size(0)
     merged = {}
     for key in micro[0]:
+        if key == "step_counts":
+            continue
         parts = [b[key] for b in micro]
         if not torch.is_tensor(parts[0]):
             raise TypeError(f"micro-batch field {key!r} is not a tensor; it cannot be dealt into new mini-batches")
-        if parts[0].dim() == 0:
-            continue
         if parts[0].dim() == 2:
             width = max(p.size(1) for p in parts)
             fill = {"completion_ids": pad, "sampling_logps": float("nan")}.get(key, 0)

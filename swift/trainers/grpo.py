@@ -172,6 +172,8 @@ class GRPOTrainer(RLHFTrainer):
         # wrappers on several ranks; the sampler draws its order on this first read, so set it here
         self._sampler.epoch = int(self.state.epoch or 0)
         self._buffer = state["buffer"]
+        if self._buffer:  # counted again: a checkpoint may predate the counts it would carry
+            self._set_step_counts(self._buffer)
         self._queue.restore(state["uses"], state["pending"])
         self._load_loop_state(state, self._resume_dir)
 

@@ -1,5 +1,6 @@
 """Trainers of `swift rlhf`. Each computes what its family of algorithms needs and hands it to the
-algorithm's loss (looked up in `swift.rlhf.ALGORITHMS`), which returns the loss and its metrics:
+algorithm's loss (looked up in `swift.rlhf.ALGORITHMS`), which returns its terms (sums, each divided
+once by its count over the optimizer step: `swift.rlhf.reduce`) and its metrics:
 
 - PreferenceTrainer: log-probs of every sequence in one concatenated forward, and the reference's
   (a separate model, the policy with its LoRA adapters disabled, or precomputed once).
@@ -121,8 +122,9 @@ class RLHFTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         terms, metrics = self.loss_and_metrics(model, inputs)
-        loss = step_loss(terms, inputs, self.accelerator.num_processes, self.shifted_labels)
-        mode = "train" if self.model.training else "eval"
+        training = self.model.training
+        loss = step_loss(terms, inputs, self.accelerator.num_processes, self.shifted_labels, training)
+        mode = "train" if training else "eval"
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
         return (loss, None) if return_outputs else loss

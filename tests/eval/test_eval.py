@@ -4,13 +4,14 @@ the same numbers through `--eval_url` against a real `swift deploy` process, and
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from swift.eval.benchmarks import extract, load_questions, score
 from swift.eval.metrics import pass_at_k, summarize
 from swift.utils.registry import SwiftError
+
+from tests.conftest import SWIFT
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "eval")
 
@@ -116,7 +117,7 @@ def test_pass_at_k_on_a_fixed_sample_set():
 
 
 def swift(*argv: str, cwd=None, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swift", *argv], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([*SWIFT, *argv], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=900)
 
 

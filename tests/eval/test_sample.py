@@ -5,7 +5,6 @@ step scores and threshold, and a teacher behind `swift deploy` (client engine, d
 import json
 import os
 import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -13,12 +12,14 @@ import torch
 
 from swift.utils.registry import SwiftError
 
+from tests.conftest import SWIFT
+
 SAMPLE = ["--dataset", "builtin:arith-sft:eval#24", "--num_return_sequences", "6", "--n_best_to_keep", "3",
           "--orm_model", "accuracy", "--max_new_tokens", "6", "--temperature", "1.6", "--seed", "3"]
 
 
 def swift(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swift", *argv], capture_output=True, text=True, timeout=900)
+    return subprocess.run([*SWIFT, *argv], capture_output=True, text=True, timeout=900)
 
 
 def rows_of(path) -> list[dict]:

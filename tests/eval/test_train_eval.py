@@ -10,6 +10,8 @@ import pytest
 
 from swift.utils.registry import SwiftError
 
+from tests.conftest import SWIFT
+
 BENCH = ["--eval_use_evalscope", "true", "--eval_dataset", "arith", "--eval_limit", "40",
          "--eval_generation_config", '{"max_tokens": 6}', "--eval_steps", "2"]
 COMMON = ["--max_steps", "4", "--per_device_train_batch_size", "8", "--save_strategy", "no", "--add_version", "false",
@@ -17,7 +19,7 @@ COMMON = ["--max_steps", "4", "--per_device_train_batch_size", "8", "--save_stra
 
 
 def swift(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swift", *argv], capture_output=True, text=True, timeout=900)
+    return subprocess.run([*SWIFT, *argv], capture_output=True, text=True, timeout=900)
 
 
 def logged(out) -> list[dict]:

@@ -1,5 +1,4 @@
 import subprocess
-import sys
 
 import torch
 from peft import PeftModel
@@ -7,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from swift import merge_lora_main, sft_main
 from swift.model import load_model
-from tests.conftest import train_argv
+from tests.conftest import SWIFT, train_argv
 
 
 def test_merged_model_equals_base_plus_adapter(tmp_path):
@@ -29,7 +28,7 @@ def test_merged_model_equals_base_plus_adapter(tmp_path):
 
 
 def test_cli_rejects_a_non_adapter_dir(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "swift", "merge-lora", "--adapters", str(tmp_path)],
+    out = subprocess.run([*SWIFT, "merge-lora", "--adapters", str(tmp_path)],
                          capture_output=True, text=True)
     assert out.returncode == 1
     assert "no adapter_config.json there" in out.stderr.strip().splitlines()[-1]
@@ -55,7 +54,7 @@ def test_merge_keeps_the_checkpoint_dtype_of_the_base(tmp_path, tiny):
     assert json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base_dir)
 
     def merged_dtypes(out, *flags):
-        proc = subprocess.run([sys.executable, "-m", "swift", "merge-lora", "--adapters", str(adapter_dir),
+        proc = subprocess.run([*SWIFT, "merge-lora", "--adapters", str(adapter_dir),
                                "--output_dir", str(out), *flags], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-2000:]
         with safe_open(str(out / "model.safetensors"), "pt") as f:

@@ -301,8 +301,10 @@ def test_each_ppo_epoch_deals_the_rows_into_new_mini_batches(tmp_path, monkeypat
         return original(self, model, inputs, *args, **kwargs)
 
     monkeypatch.setattr(PPOTrainer, "_policy_objective", spy)
+    # mini-batches of 8 rows: more rows than the step's counts have entries, which the deal must not
+    # take for a per-row field
     rlhf_main(ppo_argv(tmp_path, "--max_steps", "4", "--num_ppo_epochs", "2", "--num_mini_batches", "2",
-                       "--per_device_train_batch_size", "4", "--dataset", "builtin:arith-sft#8"))
-    first, second = seen[:2], seen[2:4]  # one rollout of 8 rows: two passes of two mini-batches of 4
-    assert len(seen) == 4 and first[0] | first[1] == second[0] | second[1] and len(first[0] | first[1]) == 8
+                       "--dataset", "builtin:arith-sft#16"))
+    first, second = seen[:2], seen[2:4]  # one rollout of 16 rows: two passes of two mini-batches of 8
+    assert len(seen) == 4 and first[0] | first[1] == second[0] | second[1] and len(first[0] | first[1]) == 16
     assert {first[0], first[1]} != {second[0], second[1]}

@@ -7,13 +7,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import TEXT_LENGTH, train_argv
+from tests.conftest import SWIFT, TEXT_LENGTH, train_argv
 
 try:
     import deepspeed  # noqa: F401
@@ -39,7 +38,7 @@ def run(out, command: str, *extra: str, steps: int = 2) -> tuple[list[dict], dic
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port())}
     argv = train_argv(out, "--optim", "sgd", "--learning_rate", "0.1", "--lr_scheduler_type", "constant",
                       "--max_steps", str(steps), *extra)
-    proc = subprocess.run([sys.executable, "-m", "swift", command, *argv], env=env, capture_output=True, text=True,
+    proc = subprocess.run([*SWIFT, command, *argv], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     with open(os.path.join(out, "logging.jsonl")) as f:

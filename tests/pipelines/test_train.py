@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from swift import SftArguments, pt_main, sft_main
 from swift.utils.registry import SwiftError
-from tests.conftest import train_argv
+from tests.conftest import SWIFT, train_argv
 
 
 def read_log(out):
@@ -79,7 +79,7 @@ def test_bad_rows_reported_and_strict_stops(tmp_path):
     data = tmp_path / "d.jsonl"
     good = {"query": "1+1=", "response": "2"}
     data.write_text("\n".join([json.dumps(good)] * 7 + ['{"messages": []}']) + "\n")
-    cmd = [sys.executable, "-m", "swift", "sft", *train_argv(tmp_path / "o", "--dataset", str(data), "--max_steps", "1")]
+    cmd = [*SWIFT, "sft", *train_argv(tmp_path / "o", "--dataset", str(data), "--max_steps", "1")]
     ok = subprocess.run(cmd, capture_output=True, text=True)
     assert ok.returncode == 0 and "dropped 1 of 8 rows: 1 × messages is empty" in ok.stderr
     strict = subprocess.run(cmd + ["--strict", "true"], capture_output=True, text=True)
@@ -103,6 +103,8 @@ def test_killed_run_resumes_to_identical_weights(tmp_path):
                       "--lr_scheduler_type", "cosine", "--warmup_ratio", "0.1")
     sft_main([*argv[:argv.index("--output_dir")], "--output_dir", str(tmp_path / "straight"),
               *argv[argv.index("--output_dir") + 2:]])
+    # a real process: the test resumes in its directory as soon as it is dead, which the fork server
+    # only reports after killing its forked process
     proc = subprocess.Popen([sys.executable, "-m", "swift", "sft", *argv], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -166,7 +168,7 @@ def test_two_rank_ddp_ends_in_sync(tmp_path):
     env = {**os.environ, "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     base = tmp_path / "ddp"
     # with --add_version (ms-swift's default) rank 0 names the run's directory and rank 1 takes it
-    proc = subprocess.run([sys.executable, "-m", "swift", "sft",
+    proc = subprocess.run([*SWIFT, "sft",
                            *train_argv(base, "--tuner_type", "full", "--add_version", "true")],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]

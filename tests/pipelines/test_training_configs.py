@@ -103,7 +103,7 @@ def test_ms_swift_lora_variants_train_and_are_saved(tmp_path):
 
 def test_gkd_seq_kd_trains_on_the_teachers_greedy_answers(tmp_path):
     """`--seq_kd`: the batch the student trains on holds the teacher's own answers (greedy here,
-    `--temperature 0`), computed through the trainer's training_step, not the dataset's."""
+    `--temperature 0`), sampled when the trainer prepares the step's micro-batches, not the dataset's."""
     from swift.model import load_model as load
 
     teacher_dir = tmp_path / "teacher"  # a teacher that answers differently from the student
@@ -118,8 +118,8 @@ def test_gkd_seq_kd_trains_on_the_teachers_greedy_answers(tmp_path):
         "--lmbda", "0", "--temperature", "0", "--max_completion_length", "5", "--max_steps", "1"), "swift rlhf"))
     trainer = pipeline.build_trainer()
     seen = []
-    trainer.loss_and_metrics = lambda model, inputs: (seen.append(inputs) or (model(
-        input_ids=inputs["input_ids"]).logits.sum() * 0, {}))
+    trainer.loss_and_metrics = lambda model, inputs: (seen.append(inputs) or ({"rows": model(
+        input_ids=inputs["input_ids"]).logits.sum() * 0}, {}))
     trainer.train()
     batch, teacher = seen[0], trainer.teacher
     for prompt, ids, labels in zip(batch["prompt_ids"], batch["input_ids"], batch["labels"]):

@@ -5,13 +5,12 @@ two plain-SGD steps: logged losses (4 significant digits) and weights (atol 1e-5
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import TEXT_LENGTH, train_argv
+from tests.conftest import SWIFT, TEXT_LENGTH, train_argv
 
 
 def run(out, nproc: int, batch: int, *extra, lr: str = "0.1") -> tuple[list[dict], dict]:
@@ -22,7 +21,7 @@ def run(out, nproc: int, batch: int, *extra, lr: str = "0.1") -> tuple[list[dict
         env.update(NPROC_PER_NODE=str(nproc), MASTER_PORT=str(free_port()))
     argv = train_argv(out, "--tuner_type", "full", "--optim", "sgd", "--learning_rate", lr, "--max_steps", "2",
                       "--lr_scheduler_type", "constant", "--per_device_train_batch_size", str(batch), *extra)
-    proc = subprocess.run([sys.executable, "-m", "swift", "rlhf", *argv], env=env, capture_output=True, text=True,
+    proc = subprocess.run([*SWIFT, "rlhf", *argv], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     with open(os.path.join(out, "logging.jsonl")) as f:

@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import swift.rlhf.logps as logps
+from swift.rlhf.reduce import batch_counts, divide
 from swift.trainers.completion_logps import token_logps
 from swift.trainers.rlhf import forward_logps
 
@@ -86,7 +87,8 @@ def test_grpo_token_log_probs_and_entropies(monkeypatch, model, group_size):
 @pytest.mark.parametrize("sft_alpha", ["0", "0.5"])
 def test_gkd_loss_through_the_trainer(monkeypatch, tiny_dir, tmp_path, sft_alpha):
     """GKD's JSD (and its SFT term) from hidden states in chunks equals the plain path on the whole
-    logits, through `DistillTrainer.loss_and_metrics` on a batch of its own collator."""
+    logits, through `DistillTrainer.loss_and_metrics` on a batch of its own collator (and the step
+    reducer, the batch being its whole step)."""
     from swift.pipelines.base import resolve_args
     from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
 
@@ -104,7 +106,8 @@ def test_gkd_loss_through_the_trainer(monkeypatch, tiny_dir, tmp_path, sft_alpha
     batch = next(iter(trainer.get_train_dataloader()))
 
     def run():
-        loss, metrics = trainer.loss_and_metrics(trainer.model, batch)
+        terms, metrics = trainer.loss_and_metrics(trainer.model, batch)
+        loss = divide(terms, batch_counts(batch))
         loss.backward()
         return loss.detach(), metrics, grads(trainer.model)
 

@@ -128,8 +128,9 @@ VARIANTS = [("grpo", [], {}), ("bnpo", [], {}), ("dr_grpo", [], {}), ("dapo", []
 @pytest.mark.parametrize("loss_type,flags,trl_settings", VARIANTS, ids=[" ".join([v[0], *v[1]]) for v in VARIANTS])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_policy_loss_equals_trl(trl_setup, tiny_dir, tmp_path, loss_type, flags, trl_settings, level):
-    """Through our trainer's own loss (`GRPOTrainer.loss_and_metrics`, with the batch fields its
-    rollout builds, dapo's step token count included) against TRL's `_compute_loss`."""
+    """Through our trainer's own loss (`GRPOTrainer.compute_loss`: `loss_and_metrics` with the batch
+    fields its rollout builds, then the step reducer, the batch being one step) against TRL's
+    `_compute_loss`."""
     from swift.pipelines.base import resolve_args
     from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
     from swift.trainers.completion_logps import token_logps

@@ -1,0 +1,229 @@
+"""A fork server for the tests' `swift` processes: each runs as a fresh process in all that a test
+can see (its own argv, environment, working directory, stdin/stdout/stderr, process group, exit
+status and a normal interpreter exit), forked from a process that has imported the pipelines once,
+so it starts in well under a second instead of paying ~11 s of imports (torch, transformers, peft).
+
+    python tests/forkserver.py SOCKET      # the server (tests/conftest.py starts one per worker)
+    python -S tests/forkserver.py -- ARGV  # the client, used like `python -m swift ARGV`
+
+The client is what a test runs as its process (`tests.conftest.SWIFT`): it hands its own stdin,
+stdout and stderr, its working directory and environment to the server, and ends with the exit
+status of the forked `swift`. Killing the client kills that process (SIGTERM and SIGINT are passed
+on; on SIGKILL the server sees the connection close). Where the server cannot stand in for a fresh
+interpreter — no server (`SWIFT_TEST_FORKSERVER` unset), or a variable that the libraries read when
+they are imported differs from the server's (`IMPORT_TIME_PREFIXES`) — the client execs
+`python -m swift` itself.
+
+The server stays single-threaded and runs no torch operation before forking, so each child
+starts without thread pools or locks held by threads that do not exist in it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+# environment variables read when torch, MKL, OpenMP or the HF libraries are imported or first used
+IMPORT_TIME_PREFIXES = ("ATEN_", "MKL_", "OMP_", "KMP_", "TORCH", "PYTORCH", "CUDA", "HF_", "TRANSFORMERS_",
+                        "TOKENIZERS_", "PYTHON", "LD_", "DS_", "NCCL", "GLOO")
+
+
+def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    payload = struct.pack("!I", len(data)) + data
+    if fds:
+        sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
+    else:
+        sock.sendall(payload)
+
+
+def _recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
+    fds: list[int] = []
+    head = b""
+    while len(head) < 4:
+        if with_fds and not fds:
+            chunk, ancillary, _, _ = sock.recvmsg(4 - len(head), socket.CMSG_SPACE(with_fds * 4))
+            for level, kind, data in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.extend(struct.unpack(f"{len(data) // 4}i", data[:len(data) - len(data) % 4]))
+        else:
+            chunk = sock.recv(4 - len(head))
+        if not chunk:
+            return None, fds
+        head += chunk
+    (size,) = struct.unpack("!I", head)
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            return None, fds
+        body += chunk
+    return json.loads(body), fds
+
+
+def imported_the_same(env: dict, server_env: dict) -> bool:
+    """Whether every import-time variable has the same value in `env` as in the server's."""
+    names = {k for k in (*env, *server_env) if k.startswith(IMPORT_TIME_PREFIXES)}
+    return all(env.get(k) == server_env.get(k) for k in names)
+
+
+# -- server --------------------------------------------------------------------------------------------
+def _child(request: dict, fds: list[int]) -> None:
+    """The forked `swift`: its own session, directory, environment and stdio, then `python -m swift`."""
+    code = 1
+    try:
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ.update(SET_BY_IMPORTS)  # as the imports would set them in a fresh interpreter
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.argv = ["swift", *request["argv"]]
+        from swift.cli.main import main
+
+        main(request["argv"])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    sys.exit(code)
+
+
+def _watch(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """In a forked process per request: fork the `swift` child, pass signals from the client on to
+    it, kill it if the client goes, and send back how it ended."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's SIG_IGN would reap the child itself
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _child(request, fds)  # ends the process (SystemExit unwinds through the server's frames)
+    try:
+        _wait(conn, pid, fds)
+    finally:
+        os._exit(0)
+
+
+def _wait(conn: socket.socket, pid: int, fds: list[int]) -> None:
+    import select
+
+    for fd in fds:
+        os.close(fd)
+    _send(conn, {"pid": pid})
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            _send(conn, {"status": os.waitstatus_to_exitcode(status)})
+            return
+        ready, _, _ = select.select([conn], [], [], 0.05)
+        if ready:
+            message, _ = _recv(conn)
+            if message is None:  # the client was killed: so is its process (group)
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.waitpid(pid, 0)
+                return
+            try:
+                os.killpg(pid, message["signal"])
+            except ProcessLookupError:
+                pass
+
+
+SET_BY_IMPORTS: dict[str, str] = {}  # variables the server's imports set (KMP_INIT_AT_FORK, ...)
+
+
+def serve(path: str) -> None:
+    import importlib
+
+    started_with = dict(os.environ)
+    for module in ("swift.pipelines.infer", "swift.pipelines.rlhf", "swift.pipelines.train",
+                   "swift.pipelines.sample", "swift.pipelines.eval", "swift.pipelines.merge_lora"):
+        importlib.import_module(module)
+    SET_BY_IMPORTS.update({k: v for k, v in os.environ.items() if started_with.get(k) != v})
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the per-request watchers are reaped by the kernel
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    with open(path + ".env.tmp", "w") as f:  # what the clients compare their environment with; its
+        json.dump(started_with, f)           # presence says the server is ready
+    os.replace(path + ".env.tmp", path + ".env")
+    print("ready", flush=True)
+    parent = os.getppid()
+    listener.settimeout(1.0)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            if os.getppid() != parent:  # the test worker that started this server has gone
+                return
+            continue
+        conn.settimeout(None)
+        request, fds = _recv(conn, with_fds=3)
+        if request is None or len(fds) != 3:
+            conn.close()
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            listener.close()
+            _watch(conn, request, fds)
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+
+
+# -- client --------------------------------------------------------------------------------------------
+def client(argv: list[str]) -> None:
+    path = os.environ.get("SWIFT_TEST_FORKSERVER")
+    server_env = None
+    if path and os.path.exists(path + ".env"):
+        with open(path + ".env") as f:
+            server_env = json.load(f)
+    if server_env is None or not imported_the_same(dict(os.environ), server_env):
+        os.execv(sys.executable, [sys.executable, "-m", "swift", *argv])
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:  # the server has gone: a fresh interpreter
+        os.execv(sys.executable, [sys.executable, "-m", "swift", *argv])
+    _send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
+    started, _ = _recv(sock)
+    if started is None:
+        sys.exit("forkserver: the server closed the connection")
+
+    def forward(signum, _frame):
+        _send(sock, {"signal": signum})
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    while True:
+        try:
+            ended, _ = _recv(sock)
+            break
+        except InterruptedError:
+            continue
+    if ended is None:
+        sys.exit("forkserver: the server closed the connection")
+    status = ended["status"]
+    if status < 0:  # killed by a signal: end the same way
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--":
+        client(sys.argv[2:])
+    else:
+        serve(sys.argv[1])
