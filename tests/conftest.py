@@ -86,8 +86,12 @@ def forkserver_env(env: dict) -> tuple[dict, object]:
 
 @pytest.fixture(scope="session", autouse=True)
 def forkserver(tmp_path_factory):
+    import importlib.util
     import tempfile
 
+    if importlib.util.find_spec("vllm") is not None:  # the vLLM environment: its engine starts its own
+        yield None                                     # worker processes; every `swift` there is fresh
+        return
     directory = tempfile.mkdtemp(prefix="swift-fork-")  # short: a socket path has at most 107 bytes
     proc, path = start_forkserver(directory)
     os.environ["SWIFT_TEST_FORKSERVER"] = path

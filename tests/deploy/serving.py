@@ -14,10 +14,15 @@ def free_port() -> int:
 
 
 def start(command: str, *argv: str, port: int | None = None, health: str = "/health",
-          timeout: float = 180) -> tuple[str, subprocess.Popen]:
-    """Launch `swift <command> --port P ...` and wait until `health` answers; returns (url, process)."""
+          timeout: float = 180, fresh: bool = False) -> tuple[str, subprocess.Popen]:
+    """Launch `swift <command> --port P ...` and wait until `health` answers; returns (url, process).
+    The server is forked from the worker's fork server (`tests.conftest.SWIFT`) unless `fresh`:
+    a test that measures the process or kills its group needs the server itself as the process."""
+    from tests.conftest import SWIFT
+
     port = port or free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "swift", command, "--port", str(port), *argv],
+    swift = [sys.executable, "-m", "swift"] if fresh else SWIFT
+    proc = subprocess.Popen([*swift, command, "--port", str(port), *argv],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout

@@ -26,8 +26,9 @@ MAX_BYTES = 65536
 
 @pytest.fixture(scope="module")
 def deploy_server():
+    # a fresh process: the soak test measures its memory
     base, proc = start("deploy", "--model", "builtin:tiny-chat", "--served_model_name", "tiny", "--api_key", KEY,
-                       "--max_request_bytes", str(MAX_BYTES), "--max_n", "8", "--max_tokens_limit", "64")
+                       "--max_request_bytes", str(MAX_BYTES), "--max_n", "8", "--max_tokens_limit", "64", fresh=True)
     yield base, proc
     stop(proc)
 

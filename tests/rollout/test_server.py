@@ -211,7 +211,8 @@ def test_async_generate_logs_importance_sampling(server, tmp_path, rlhf_type):
 
 def test_server_killed_mid_training_then_resume(tmp_path):
     port = free_port()
-    base, proc = start("rollout", "--model", "builtin:tiny-chat", port=port, health="/health/")
+    # a fresh process: the test kills its process group
+    base, proc = start("rollout", "--model", "builtin:tiny-chat", port=port, health="/health/", fresh=True)
     out = tmp_path / "run"
     argv = grpo_server_argv(out, port, "--max_steps", "30", "--rollout_mode", "server", "--temperature", "1.0",
                             "--save_strategy", "steps", "--save_steps", "2", "--vllm_server_timeout", "20")
