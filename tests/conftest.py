@@ -96,9 +96,12 @@ def forkserver(tmp_path_factory):
     proc, path = start_forkserver(directory)
     os.environ["SWIFT_TEST_FORKSERVER"] = path
     yield path
+    import shutil
+
     os.environ.pop("SWIFT_TEST_FORKSERVER", None)
     proc.terminate()
     proc.wait(timeout=30)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 # the longest tests and groups, longest first (worker-seconds in a run on 2 cores, 2026-11-26: the

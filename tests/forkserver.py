@@ -14,8 +14,9 @@ interpreter — no server (`SWIFT_TEST_FORKSERVER` unset), or a variable that th
 they are imported differs from the server's (`IMPORT_TIME_PREFIXES`) — the client execs
 `python -m swift` itself.
 
-The server stays single-threaded and runs no torch operation before forking, so each child
-starts without thread pools or locks held by threads that do not exist in it."""
+The server runs no torch operation before forking (its imports start no thread pool of torch's),
+and where CUDA is available it does not serve at all: CUDA cannot start in a forked child. A child
+dies with its watcher (PR_SET_PDEATHSIG), and a watcher that ends for any reason kills its child."""
 from __future__ import annotations
 
 import json
@@ -63,10 +64,13 @@ def _recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int
     return json.loads(body), fds
 
 
-def imported_the_same(env: dict, server_env: dict) -> bool:
-    """Whether every import-time variable has the same value in `env` as in the server's."""
-    names = {k for k in (*env, *server_env) if k.startswith(IMPORT_TIME_PREFIXES)}
-    return all(env.get(k) == server_env.get(k) for k in names)
+def imported_the_same(env: dict, server: dict) -> bool:
+    """Whether every import-time variable has the value in `env` that the server started with (or
+    that its imports set, as the same imports would in a fresh interpreter)."""
+    started, set_by_imports = server["started_with"], server["set_by_imports"]
+    names = {k for k in (*env, *started) if k.startswith(IMPORT_TIME_PREFIXES)}
+    return all(env.get(k) == started.get(k) or (k in set_by_imports and env.get(k) == set_by_imports[k])
+               for k in names)
 
 
 # -- server --------------------------------------------------------------------------------------------
@@ -75,6 +79,7 @@ def _child(request: dict, fds: list[int]) -> None:
     code = 1
     try:
         os.setsid()
+        _die_with_parent()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -86,17 +91,42 @@ def _child(request: dict, fds: list[int]) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.argv = ["swift", *request["argv"]]
+        sys.path[0] = request["cwd"]  # as `python -m` puts the working directory first
         from swift.cli.main import main
 
         main(request["argv"])
         code = 0
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, int) or e.code is None:
+            code = e.code or 0
+        else:  # as the interpreter ends on a message
+            print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        import traceback
+
+        traceback.print_exc()
+        code = -signal.SIGINT
     except BaseException:
         import traceback
 
         traceback.print_exc()
+    if code < 0:  # ends as a fresh interpreter ends on that signal
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
     sys.exit(code)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent (the watcher) ends, however it ends (Linux)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the watcher ended before the call
+        os._exit(1)
 
 
 def _watch(conn: socket.socket, request: dict, fds: list[int]) -> None:
@@ -107,8 +137,15 @@ def _watch(conn: socket.socket, request: dict, fds: list[int]) -> None:
     if pid == 0:
         conn.close()
         _child(request, fds)  # ends the process (SystemExit unwinds through the server's frames)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the child's signals come from its client
+        signal.signal(signum, signal.SIG_IGN)
     try:
         _wait(conn, pid, fds)
+    except BaseException:  # whatever ends the watcher ends its child
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     finally:
         os._exit(0)
 
@@ -134,8 +171,8 @@ def _wait(conn: socket.socket, pid: int, fds: list[int]) -> None:
                     pass
                 os.waitpid(pid, 0)
                 return
-            try:
-                os.killpg(pid, message["signal"])
+            try:  # to the process, as a signal to a fresh one reaches it alone
+                os.kill(pid, message["signal"])
             except ProcessLookupError:
                 pass
 
@@ -147,19 +184,23 @@ def serve(path: str) -> None:
     import importlib
 
     started_with = dict(os.environ)
+    parent = os.getppid()
+    sys.path[0] = os.getcwd()  # not tests/, whose packages (data, model, eval, ...) would shadow others
     for module in ("swift.pipelines.infer", "swift.pipelines.rlhf", "swift.pipelines.train",
                    "swift.pipelines.sample", "swift.pipelines.eval", "swift.pipelines.merge_lora"):
         importlib.import_module(module)
+    import torch
+
+    if torch.cuda.is_available():  # CUDA cannot start again in a forked child: every client runs fresh
+        return
     SET_BY_IMPORTS.update({k: v for k, v in os.environ.items() if started_with.get(k) != v})
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the per-request watchers are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
     with open(path + ".env.tmp", "w") as f:  # what the clients compare their environment with; its
-        json.dump(started_with, f)           # presence says the server is ready
+        json.dump({"started_with": started_with, "set_by_imports": SET_BY_IMPORTS}, f)  # presence: ready
     os.replace(path + ".env.tmp", path + ".env")
-    print("ready", flush=True)
-    parent = os.getppid()
     listener.settimeout(1.0)
     while True:
         try:
@@ -168,10 +209,17 @@ def serve(path: str) -> None:
             if os.getppid() != parent:  # the test worker that started this server has gone
                 return
             continue
-        conn.settimeout(None)
-        request, fds = _recv(conn, with_fds=3)
+        fds = []
+        try:
+            conn.settimeout(10)
+            request, fds = _recv(conn, with_fds=3)
+            conn.settimeout(None)
+        except OSError:
+            request = None
         if request is None or len(fds) != 3:
             conn.close()
+            for fd in fds:
+                os.close(fd)
             continue
         sys.stdout.flush()
         sys.stderr.flush()
@@ -192,6 +240,17 @@ def client(argv: list[str]) -> None:
             server_env = json.load(f)
     if server_env is None or not imported_the_same(dict(os.environ), server_env):
         os.execv(sys.executable, [sys.executable, "-m", "swift", *argv])
+    pending: list[int] = []  # signals that arrive before the connection is up
+    sock = None
+
+    def forward(signum, _frame):
+        if sock is None:
+            pending.append(signum)
+        else:
+            _send(sock, {"signal": signum})
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -201,23 +260,17 @@ def client(argv: list[str]) -> None:
     started, _ = _recv(sock)
     if started is None:
         sys.exit("forkserver: the server closed the connection")
-
-    def forward(signum, _frame):
+    for signum in pending:
         _send(sock, {"signal": signum})
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
-    while True:
-        try:
-            ended, _ = _recv(sock)
-            break
-        except InterruptedError:
-            continue
+    ended, _ = _recv(sock)
     if ended is None:
         sys.exit("forkserver: the server closed the connection")
     status = ended["status"]
     if status < 0:  # killed by a signal: end the same way
-        signal.signal(-status, signal.SIG_DFL)
+        try:
+            signal.signal(-status, signal.SIG_DFL)
+        except OSError:  # SIGKILL and SIGSTOP keep their default
+            pass
         os.kill(os.getpid(), -status)
     sys.exit(status)
 
