@@ -27,8 +27,10 @@ import struct
 import sys
 
 # environment variables read when torch, MKL, OpenMP or the HF libraries are imported or first used
+# (not TOKENIZERS_PARALLELISM, read when tokenizers runs: transformers' `generate` sets it to "0" in
+# the test worker, which would send every later client of that worker to a fresh interpreter)
 IMPORT_TIME_PREFIXES = ("ATEN_", "MKL_", "OMP_", "KMP_", "TORCH", "PYTORCH", "CUDA", "HF_", "TRANSFORMERS_",
-                        "TOKENIZERS_", "PYTHON", "LD_", "DS_", "NCCL", "GLOO")
+                        "PYTHON", "LD_", "DS_", "NCCL", "GLOO")
 
 
 def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
