@@ -31,6 +31,9 @@ import sys
 # the test worker, which would send every later client of that worker to a fresh interpreter)
 IMPORT_TIME_PREFIXES = ("ATEN_", "MKL_", "OMP_", "KMP_", "TORCH", "PYTORCH", "CUDA", "HF_", "TRANSFORMERS_",
                         "PYTHON", "LD_", "DS_", "NCCL", "GLOO")
+# ... but these, which torchrun sets for each rank, are read when the process group starts
+RUN_TIME_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+FORKSERVER = os.path.abspath(__file__)
 
 
 def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
@@ -70,7 +73,7 @@ def imported_the_same(env: dict, server: dict) -> bool:
     """Whether every import-time variable has the value in `env` that the server started with (or
     that its imports set, as the same imports would in a fresh interpreter)."""
     started, set_by_imports = server["started_with"], server["set_by_imports"]
-    names = {k for k in (*env, *started) if k.startswith(IMPORT_TIME_PREFIXES)}
+    names = {k for k in (*env, *started) if k.startswith(IMPORT_TIME_PREFIXES) and not k.startswith(RUN_TIME_PREFIXES)}
     return all(env.get(k) == started.get(k) or (k in set_by_imports and env.get(k) == set_by_imports[k])
                for k in names)
 
@@ -94,9 +97,11 @@ def _child(request: dict, fds: list[int]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.argv = ["swift", *request["argv"]]
         sys.path[0] = request["cwd"]  # as `python -m` puts the working directory first
-        from swift.cli.main import main
+        import importlib
 
-        main(request["argv"])
+        cli = importlib.import_module("swift.cli.main")
+        cli.torchrun_command = _ranks_through_this_server(cli.torchrun_command)
+        cli.main(request["argv"])
         code = 0
     except SystemExit as e:
         if isinstance(e.code, int) or e.code is None:
@@ -119,6 +124,17 @@ def _child(request: dict, fds: list[int]) -> None:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code)
+
+
+def _ranks_through_this_server(torchrun_command):
+    """torchrun starts each rank as a client of this server (`--no-python`), so ranks are forked
+    too; a rank whose import-time variables differ from the server's runs fresh, as any client."""
+    def command(*args):
+        line = torchrun_command(*args)
+        at = line.index("swift.cli.main") - 1  # the entry: -m swift.cli.main COMMAND ARGV
+        return [*line[:at], "--no-python", sys.executable, "-S", FORKSERVER, "--", *line[at + 2:]]
+
+    return command
 
 
 def _die_with_parent() -> None:

@@ -19,19 +19,107 @@ from swift.rlhf.ppo import KLController, gae, mean_and_var, moments, token_rewar
 from swift.rlhf.reduce import logged
 from swift.trainers.critic import Critic
 from swift.trainers.grpo import GRPOTrainer
+from swift.trainers.rollout import Rollout
+
+
+class PPORollout(Rollout):
+    """GRPO's rollout with PPO's advantages: per-token rewards, the critic's values and GAE; its KL
+    controller sets the reward's KL coefficient."""
+    always_old_logps = True  # the KL penalty of the reward compares them with the reference's
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kl_ctl = KLController(self.a.beta, self.a.kl_target, self.a.kl_horizon)
+
+    def sampling_modules(self) -> list:
+        return [self.trainer.model, self.trainer.critic.module]
+
+    def sampling_forward(self, batch: dict, device_batch: dict) -> None:
+        """The log-probs at sampling and the critic's values (a shared critic reads them off the same
+        forward's hidden states)."""
+        t = self.trainer
+        logps, _, *hidden = t._token_logps(t.model, device_batch, with_hidden=t.critic.needs_hidden)
+        batch["old_logps"] = logps.detach()
+        batch["values"] = t.critic.values(device_batch, hidden[0] if hidden else None).detach()
+
+    def assign_advantages(self, micro: list[dict], rewards: torch.Tensor, trajectories, steps=None) -> torch.Tensor:
+        """Per-token rewards (the score on the last token, −β KL on each, each step's process reward
+        on its last token), the critic's values, GAE advantages whitened over the generation batch
+        (all ranks) and the returns the critic learns."""
+        a = self.a
+        scores = rewards.nan_to_num(0.0)
+        truncated = torch.tensor([t.truncated for t in trajectories], dtype=scores.dtype)
+        if a.missing_eos_penalty is not None:
+            scores = scores - a.missing_eos_penalty * truncated
+        if a.reward_clip_range:
+            scores = scores.clamp(*a.reward_clip_range)
+        rows = self.args.per_device_train_batch_size
+        per_token, masks, kl_sums = [], [], []
+        for i, batch in enumerate(micro):
+            device_batch = self.trainer._prepare_inputs(dict(batch))
+            mask = device_batch["completion_mask"].float()
+            batch["values"] = batch["values"] * mask
+            kl = torch.zeros_like(mask)
+            if batch.get("ref_logps") is not None:  # on the tokens the policy sampled (not a tool's output)
+                sampled = device_batch["loss_mask"].float() * mask
+                kl = kl_estimate(batch["old_logps"].float(), batch["ref_logps"].float(), a.kl_estimator) * sampled
+            r = token_rewards(scores[i * rows:(i + 1) * rows].to(mask.device), kl, mask, self.kl_ctl.value)
+            for j, row in enumerate(steps[i * rows:(i + 1) * rows] if steps is not None else []):
+                for end, value in row:
+                    if end < r.size(1):
+                        r[j, end] += value
+            per_token.append(r)
+            masks.append(mask)
+            kl_sums.append(kl.sum(-1))
+        if a.whiten_rewards:
+            stats = self.global_sum(moments(per_token, masks))
+            per_token = [whiten(r, m, stats, shift_mean=False) for r, m in zip(per_token, masks)]
+        advantages, returns = [], []
+        for batch, r, m in zip(micro, per_token, masks):
+            adv, ret = gae(r, batch["values"], m, a.gamma, a.lam)
+            advantages.append(adv)
+            returns.append(ret)
+        loss_masks = [batch["loss_mask"].to(m.device) for batch, m in zip(micro, masks)]
+        stats = self.global_sum(moments(advantages, loss_masks))
+        for batch, adv, ret, m in zip(micro, advantages, returns, loss_masks):
+            batch["advantages"] = whiten(adv, m, stats)
+            batch["returns"] = ret
+        self._log_ppo_rollout(micro, scores, torch.cat(kl_sums).cpu(), loss_masks)
+        return torch.cat([b["advantages"][:, 0].cpu() for b in micro])  # each completion's first-token advantage
+
+    def _log_ppo_rollout(self, micro, scores, kl_sums, loss_masks) -> None:
+        """The rollout's metrics under TRL's PPO names, over every rank's completions; then the KL
+        controller steps towards its target with the batch's mean sequence KL."""
+        local = torch.stack([kl_sums.sum(), scores.sum(), torch.tensor(float(len(scores))),
+                             sum(-(b["old_logps"].float() * m).sum() for b, m in zip(micro, loss_masks)).cpu(),
+                             torch.tensor(float(sum(int((~b["truncated"]).sum()) for b in micro)))]).double()
+        kl_total, score_total, n, neg_logp_total, eos = self.global_sum(local).tolist()
+        # how much of the returns' variance the critic's values explain
+        _, var_returns = mean_and_var(self.global_sum(moments([b["returns"] for b in micro], loss_masks)))
+        _, var_errors = mean_and_var(self.global_sum(moments([b["returns"] - b["values"] for b in micro], loss_masks)))
+        kl, score = kl_total / n, score_total / n
+        beta = self.kl_ctl.value
+        m = self.trainer._metrics["train"]
+        m["objective/kl"].append(kl)
+        m["objective/entropy"].append(neg_logp_total / n)
+        m["objective/non_score_reward"].append(-beta * kl)
+        m["objective/rlhf_reward"].append(score - beta * kl)
+        m["objective/scores"].append(score)
+        m["objective/kl_coef"].append(beta)
+        m["val/num_eos_tokens"].append(eos)
+        m["val/var_explained"].append(1 - var_errors / var_returns if var_returns > 0 else 0.0)
+        self.kl_ctl.update(kl, int(n))
 
 
 class PPOTrainer(GRPOTrainer):
-    always_old_logps = True  # the KL penalty of the reward compares them with the reference's
+    rollout_class = PPORollout
     reshuffle_passes = True  # new mini-batches on every PPO epoch, as TRL
 
     def __init__(self, *args, critic: Critic, **kwargs):
         super().__init__(*args, **kwargs)
-        a = self.rlhf_args
         self.critic = critic
         if self.accelerator.num_processes > 1:
             self.critic.broadcast()
-        self.kl_ctl = KLController(a.beta, a.kl_target, a.kl_horizon)
 
     # -- optimizer ---------------------------------------------------------------------------------
     def create_optimizer(self, model=None):
@@ -76,96 +164,11 @@ class PPOTrainer(GRPOTrainer):
             self.critic.save_final(output_dir, self.processing_class)
 
     def _loop_state(self) -> dict:
-        return {"kl_controller": self.kl_ctl.state_dict()}
+        return {"kl_controller": self.rollout.kl_ctl.state_dict()}
 
     def _load_loop_state(self, state: dict, checkpoint: str) -> None:
-        self.kl_ctl.load_state_dict(state["kl_controller"])
+        self.rollout.kl_ctl.load_state_dict(state["kl_controller"])
         self.critic.load_checkpoint(checkpoint)
-
-    # -- advantages --------------------------------------------------------------------------------
-    def _sampling_modules(self) -> list:
-        return [self.model, self.critic.module]
-
-    def _sampling_forward(self, batch: dict, device_batch: dict) -> None:
-        """The log-probs at sampling and the critic's values (a shared critic reads them off the same
-        forward's hidden states)."""
-        logps, _, *hidden = self._token_logps(self.model, device_batch, with_hidden=self.critic.needs_hidden)
-        batch["old_logps"] = logps.detach()
-        batch["values"] = self.critic.values(device_batch, hidden[0] if hidden else None).detach()
-
-
-    def _global(self, stats: torch.Tensor) -> torch.Tensor:
-        if self.accelerator.num_processes > 1:
-            stats = self.accelerator.reduce(stats.to(self.args.device), reduction="sum")
-        return stats.cpu()
-
-    def _assign_advantages(self, micro: list[dict], rewards: torch.Tensor, trajectories, steps=None) -> torch.Tensor:
-        """Per-token rewards (the score on the last token, −β KL on each, each step's process reward
-        on its last token), the critic's values, GAE advantages whitened over the generation batch
-        (all ranks) and the returns the critic learns."""
-        a = self.rlhf_args
-        scores = rewards.nan_to_num(0.0)
-        truncated = torch.tensor([t.truncated for t in trajectories], dtype=scores.dtype)
-        if a.missing_eos_penalty is not None:
-            scores = scores - a.missing_eos_penalty * truncated
-        if a.reward_clip_range:
-            scores = scores.clamp(*a.reward_clip_range)
-        rows = self.args.per_device_train_batch_size
-        per_token, masks, kl_sums = [], [], []
-        for i, batch in enumerate(micro):
-            device_batch = self._prepare_inputs(dict(batch))
-            mask = device_batch["completion_mask"].float()
-            batch["values"] = batch["values"] * mask
-            kl = torch.zeros_like(mask)
-            if batch.get("ref_logps") is not None:  # on the tokens the policy sampled (not a tool's output)
-                sampled = device_batch["loss_mask"].float() * mask
-                kl = kl_estimate(batch["old_logps"].float(), batch["ref_logps"].float(), a.kl_estimator) * sampled
-            r = token_rewards(scores[i * rows:(i + 1) * rows].to(mask.device), kl, mask, self.kl_ctl.value)
-            for j, row in enumerate(steps[i * rows:(i + 1) * rows] if steps is not None else []):
-                for end, value in row:
-                    if end < r.size(1):
-                        r[j, end] += value
-            per_token.append(r)
-            masks.append(mask)
-            kl_sums.append(kl.sum(-1))
-        if a.whiten_rewards:
-            stats = self._global(moments(per_token, masks))
-            per_token = [whiten(r, m, stats, shift_mean=False) for r, m in zip(per_token, masks)]
-        advantages, returns = [], []
-        for batch, r, m in zip(micro, per_token, masks):
-            adv, ret = gae(r, batch["values"], m, a.gamma, a.lam)
-            advantages.append(adv)
-            returns.append(ret)
-        loss_masks = [batch["loss_mask"].to(m.device) for batch, m in zip(micro, masks)]
-        stats = self._global(moments(advantages, loss_masks))
-        for batch, adv, ret, m in zip(micro, advantages, returns, loss_masks):
-            batch["advantages"] = whiten(adv, m, stats)
-            batch["returns"] = ret
-        self._log_ppo_rollout(micro, scores, torch.cat(kl_sums).cpu(), loss_masks)
-        return torch.cat([b["advantages"][:, 0].cpu() for b in micro])  # each completion's first-token advantage
-
-    def _log_ppo_rollout(self, micro, scores, kl_sums, loss_masks) -> None:
-        """The rollout's metrics under TRL's PPO names, over every rank's completions; then the KL
-        controller steps towards its target with the batch's mean sequence KL."""
-        local = torch.stack([kl_sums.sum(), scores.sum(), torch.tensor(float(len(scores))),
-                             sum(-(b["old_logps"].float() * m).sum() for b, m in zip(micro, loss_masks)).cpu(),
-                             torch.tensor(float(sum(int((~b["truncated"]).sum()) for b in micro)))]).double()
-        kl_total, score_total, n, neg_logp_total, eos = self._global(local).tolist()
-        # how much of the returns' variance the critic's values explain
-        _, var_returns = mean_and_var(self._global(moments([b["returns"] for b in micro], loss_masks)))
-        _, var_errors = mean_and_var(self._global(moments([b["returns"] - b["values"] for b in micro], loss_masks)))
-        kl, score = kl_total / n, score_total / n
-        beta = self.kl_ctl.value
-        m = self._metrics["train"]
-        m["objective/kl"].append(kl)
-        m["objective/entropy"].append(neg_logp_total / n)
-        m["objective/non_score_reward"].append(-beta * kl)
-        m["objective/rlhf_reward"].append(score - beta * kl)
-        m["objective/scores"].append(score)
-        m["objective/kl_coef"].append(beta)
-        m["val/num_eos_tokens"].append(eos)
-        m["val/var_explained"].append(1 - var_errors / var_returns if var_returns > 0 else 0.0)
-        self.kl_ctl.update(kl, int(n))
 
     # -- loss --------------------------------------------------------------------------------------
     def loss_and_metrics(self, model, inputs):

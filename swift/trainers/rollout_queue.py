@@ -5,7 +5,8 @@ The HF loop hands the trainer one micro-batch of prompts at a time, but a genera
 `block` micro-batches (and with `--async_generate`, the next generation batch is sampled while this
 one trains), so the batches are fetched ahead and numbered in the order training sees them. The
 sampler (`RepeatBatchSampler`) repeats each block once per pass over it, so that the HF loop counts
-every pass as its own optimizer step(s)."""
+every pass as its own optimizer step(s). The generation batch's size in micro-batches and the
+check that the dataset fills one are here too."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -14,6 +15,11 @@ from typing import Any, Callable
 
 import torch
 from torch.utils.data import Sampler
+
+from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
 
 
 class RepeatBatchSampler(Sampler):
@@ -109,3 +115,43 @@ class RolloutQueue:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def steps_per_generation(args, a) -> int:
+    """Micro-batches per generation batch: --steps_per_generation, PPO's --num_mini_batches or
+    --generation_batch_size, by default one optimizer step's."""
+    ga = args.gradient_accumulation_steps
+    steps = a.steps_per_generation
+    if a.num_mini_batches:  # PPO's name: optimizer steps per pass over the rollout batch
+        steps = a.num_mini_batches * ga
+    if a.generation_batch_size is not None:
+        per_step = args.per_device_train_batch_size * args.world_size
+        if a.generation_batch_size % per_step:
+            raise SwiftError(f"--generation_batch_size ({a.generation_batch_size}) must be a multiple of "
+                             f"--per_device_train_batch_size × world size ({per_step})")
+        steps = a.generation_batch_size // per_step
+    steps = steps or ga
+    if steps < 1 or steps % ga:
+        raise SwiftError(f"--steps_per_generation ({steps}) must be a positive multiple of "
+                         f"--gradient_accumulation_steps ({ga}): each pass over a generation batch is an "
+                         "optimizer step of its own")
+    return steps
+
+
+def check_prompts(dataset, args, num_generations: int, steps: int) -> None:
+    """One generation batch needs `block` prompts; fewer would train 0 steps. An epoch's last
+    partial block is not trained on: say so."""
+    if dataset is None or not hasattr(dataset, "__len__"):
+        return
+    per_rank = args.per_device_train_batch_size // num_generations
+    block = per_rank * args.world_size * steps
+    n = len(dataset)
+    if n < block:
+        raise SwiftError(f"--dataset has {n} prompt(s); one generation batch needs {block} "
+                         f"(--per_device_train_batch_size {args.per_device_train_batch_size} / "
+                         f"--num_generations {num_generations} × {args.world_size} rank(s) × "
+                         f"{steps} micro-batch(es) per generation): give more prompts or a "
+                         "smaller batch")
+    if n % block:
+        logger.warning(f"each epoch trains on {n - n % block} of the {n} prompts (whole generation batches of "
+                       f"{block}); the other {n % block}, drawn at random each epoch, wait for the next epoch")

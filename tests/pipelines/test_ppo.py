@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from swift.pipelines.rlhf import rlhf_main
-from swift.trainers.ppo import PPOTrainer
+from swift.trainers.ppo import PPORollout, PPOTrainer
 from swift.utils.registry import SwiftError
 from tests.conftest import TEXT_LENGTH, save_perturbed, train_argv
 
@@ -82,14 +82,14 @@ def test_advantages_returns_and_value_loss_are_the_formulas(tmp_path, monkeypatc
     loss (the critic has not moved: ½ mean (V − R)²) and policy loss (ratio 1: −mean A)."""
     save_perturbed(tiny, tmp_path / "ref")
     seen = []
-    original = PPOTrainer._assign_advantages
+    original = PPORollout.assign_advantages
 
     def spy(self, micro, rewards, trajectories, steps=None):
         out = original(self, micro, rewards, trajectories, steps)
         seen.append(([dict(b) for b in micro], rewards.clone(), self.kl_ctl.value))
         return out
 
-    monkeypatch.setattr(PPOTrainer, "_assign_advantages", spy)
+    monkeypatch.setattr(PPORollout, "assign_advantages", spy)
     rlhf_main(ppo_argv(tmp_path / "run", "--tuner_type", "full", "--max_steps", "1", "--num_ppo_epochs", "1",
                        "--kl_coef", "0.2", "--lam", "0.9", "--gamma", "0.95", "--critic_backbone", backbone,
                        "--ref_model", str(tmp_path / "ref")))

@@ -84,22 +84,22 @@ def test_process_rewards_reach_training_where_the_formulas_place_them(tmp_path, 
     its last token (β 0, no outcome reward: the step scores are the only reward)."""
     from swift.pipelines.rlhf import rlhf_main
     from swift.rlhf.ppo import gae
-    from swift.trainers.grpo import GRPOTrainer
+    from swift.trainers.rollout import Rollout
 
     seen = []
-    original = GRPOTrainer._assign_advantages
-    trainer_cls = GRPOTrainer
+    rollout_cls = Rollout
     if rlhf_type == "ppo":
-        from swift.trainers.ppo import PPOTrainer
+        from swift.trainers.ppo import PPORollout
 
-        original, trainer_cls = PPOTrainer._assign_advantages, PPOTrainer
+        rollout_cls = PPORollout
+    original = rollout_cls.assign_advantages
 
     def spy(self, micro, rewards, trajectories, steps=None):
         out = original(self, micro, rewards, trajectories, steps)
         seen.append(([dict(b) for b in micro], rewards.clone(), steps, out))
         return out
 
-    monkeypatch.setattr(trainer_cls, "_assign_advantages", spy)
+    monkeypatch.setattr(rollout_cls, "assign_advantages", spy)
     extra = ["--num_generations", "4"] if rlhf_type == "grpo" else ["--num_ppo_epochs", "1"]
     rlhf_main(train_argv(tmp_path, "--rlhf_type", rlhf_type, "--dataset", "builtin:arith-steps#16", "--tuner_type",
                          "full", "--prm_model", prm_dir, "--per_device_train_batch_size", "8", "--beta", "0",

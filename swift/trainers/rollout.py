@@ -1,0 +1,280 @@
+"""The online loop's rollout: sample a generation batch from the engine, score it, compute its
+advantages and cut it into the micro-batches the loss trains on, returned as one `RolloutBatch`.
+
+`Rollout` is GRPO's (group-relative advantages from the rewards, `swift.rlhf.grpo`); `PPORollout`
+(`swift.trainers.ppo`) swaps the advantage step for GAE over the critic's values. The trainer
+supplies the policy (the module the engine is synced from and the forward that takes log-probs),
+the step counter the weight pushes are keyed by, and the metrics the rollout logs into."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from swift.infer.protocol import RequestConfig
+from swift.rewards.process import process_advantages
+from swift.rlhf.grpo import compute_advantages
+from swift.rollout.multi_turn import RolloutInferRequest
+from swift.rollout.runner import Trajectory, rollout
+from swift.trainers.completion_logps import tensorize
+from swift.trainers.rollout_metrics import eval_metrics, rollout_metrics, write_completions
+from swift.trainers.zero3 import gathered_buckets, sharded
+from swift.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+@contextlib.contextmanager
+def eval_mode(*modules):
+    """The modules in eval mode within the block, each back in the mode it had after it."""
+    was = [m.training for m in modules]
+    try:
+        for m in modules:
+            m.eval()
+        yield
+    finally:
+        for m, training in zip(modules, was):
+            m.train(training)
+
+
+@dataclass
+class RolloutBatch:
+    """One generation batch, ready to train on."""
+    prompts: list[dict]
+    trajectories: list[Trajectory]  # num_generations per prompt, in prompt order
+    rewards: torch.Tensor  # [rows]; NaN where no reward function scored the row (left out of the loss)
+    per_func: list[list]  # each reward function's scores
+    advantages: torch.Tensor  # each completion's advantage (PPO: its first token's), for the logs
+    micro: list[dict[str, torch.Tensor]]  # this rank's micro-batches, with what the loss reads
+
+
+class Rollout:
+    # the log-probs at sampling are needed even when each batch is trained on once (PPO's KL reward)
+    always_old_logps = False
+
+    def __init__(self, trainer, engine, rewards, process_rewards=None, scheduler=None):
+        self.trainer = trainer
+        self.args, self.a = trainer.args, trainer.rlhf_args
+        self.engine = engine
+        self.remote = hasattr(engine, "rollout")  # a rollout server: generation leaves this process
+        self.rewards = rewards
+        self.process_rewards = process_rewards  # swift.rewards.process.ProcessRewardModel, or None
+        self.scheduler = scheduler
+        self.n = self.a.num_generations
+        self._synced_step: int | None = None
+        self._completions_path = os.path.join(self.args.output_dir, "completions.jsonl")
+
+    # -- sampling ----------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Push the policy's weights to the engine (checked) unless it already has these."""
+        t = self.trainer
+        if self._synced_step == t.state.global_step:
+            return
+        model = t.accelerator.unwrap_model(t.model)
+        if sharded(t):  # every rank gathers each bucket; the engine loads it (rank 0 for a server)
+            buckets = gathered_buckets(model, self.a.weight_sync_bucket_mb)
+            if self.remote and not t.accelerator.is_main_process:
+                for _ in buckets:
+                    pass
+            else:
+                self.engine.sync_weights(model, buckets)
+            t.accelerator.wait_for_everyone()
+        elif not self.remote:
+            self.engine.sync_weights(model)
+        else:  # one trainer process feeds the server; the others wait for it
+            if t.accelerator.is_main_process:
+                self.engine.sync_weights(model)
+            t.accelerator.wait_for_everyone()
+        self._synced_step = t.state.global_step
+
+    def close(self) -> None:
+        """Stop the inference engine (vLLM's processes) or leave the rollout server's communicator."""
+        self.engine.close()
+
+    def request_config(self, seed: int | None = None) -> RequestConfig:
+        a = self.a
+        return RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p,
+                             top_k=a.top_k, repetition_penalty=a.repetition_penalty, seed=seed,
+                             logprobs=a.async_generate)  # the sampler's log-probs weight off-policy tokens
+
+    def generate(self, prompts: list[dict], n: int, seed: int | None = None) -> list[Trajectory]:
+        self.sync()
+        return self.generate_with_current_weights(prompts, n, seed)
+
+    def generate_with_current_weights(self, prompts: list[dict], n: int, seed: int | None = None) -> list[Trajectory]:
+        requests = [RolloutInferRequest(messages=list(p["messages"]), data_dict=p["columns"]) for p in prompts]
+
+        def run():
+            return rollout(self.engine, self.trainer.template, requests, self.request_config(seed), n,
+                           scheduler=self.scheduler, max_completion_length=self.a.max_completion_length)
+
+        if self.remote:  # the policy module is not touched (this may run beside training)
+            return run()
+        with eval_mode(self.trainer.accelerator.unwrap_model(self.trainer.model)):  # the engine generates with it
+            return run()
+
+    def _trajectories(self, prompts: list[dict], uses: int, queue, cycle: int) -> list[Trajectory]:
+        """This generation batch's trajectories: generated while the previous one trained
+        (--async_generate, from the weights before that step's update) or now. Then start generating
+        the next one."""
+        trajectories = queue.take(uses)
+        if trajectories is None:
+            trajectories = self.generate(prompts, self.n)
+        if queue.pool is not None:
+            following = queue.prompts_from(uses + cycle)
+            if following is not None:
+                self.sync()
+                queue.start(uses + cycle, self.generate_with_current_weights, following, self.n)
+        return trajectories
+
+    # -- scoring -----------------------------------------------------------------------------------
+    def score(self, prompts: list[dict], trajectories: list[Trajectory], n: int):
+        rows = [p for p in prompts for _ in range(n)]
+        columns: dict[str, list] = {}
+        for key in rows[0]["columns"]:
+            columns[key] = [r["columns"].get(key) for r in rows]
+        columns["messages"] = [r["messages"] for r in rows]
+        for key in {k for t in trajectories for k in t.rollout_infos}:
+            columns[key] = [t.rollout_infos.get(key) for t in trajectories]
+        columns["response_token_ids"] = [[t for t, m in zip(x.completion_ids, x.loss_mask) if m] for x in trajectories]
+        columns["prompt_texts"] = [self.trainer.processing_class.decode(t.prompt_ids) for t in trajectories]
+        totals, per_func = self.rewards([t.text for t in trajectories], columns)
+        return torch.tensor(totals, dtype=torch.float32), per_func  # NaN: no function scored the row
+
+    def _sample_and_score(self, prompts: list[dict], uses: int, queue, cycle: int):
+        a, n = self.a, self.n
+        trajectories = self._trajectories(prompts, uses, queue, cycle)
+        rewards, per_func = self.score(prompts, trajectories, n)
+        if a.dynamic_sample:  # DAPO: groups whose rewards are all equal teach nothing; sample them again
+            for _ in range(a.max_resample_times):
+                flat = rewards.view(-1, n).std(dim=1) if n > 1 else torch.zeros(len(prompts))
+                again = [i for i, s in enumerate(flat.tolist()) if s == 0]
+                if not again:
+                    break
+                redo = self.generate([prompts[i] for i in again], n)
+                redo_rewards, redo_per_func = self.score([prompts[i] for i in again], redo, n)
+                for j, i in enumerate(again):
+                    trajectories[i * n:(i + 1) * n] = redo[j * n:(j + 1) * n]
+                    rewards[i * n:(i + 1) * n] = redo_rewards[j * n:(j + 1) * n]
+                    for f in range(len(per_func)):
+                        per_func[f][i * n:(i + 1) * n] = redo_per_func[f][j * n:(j + 1) * n]
+        return trajectories, rewards, per_func
+
+    def _score_steps(self, trajectories: list[Trajectory]):
+        """Each completion's steps and their process rewards (None without --prm_model)."""
+        if self.process_rewards is None:
+            return None
+        steps = self.process_rewards.score([t.prompt_ids for t in trajectories],
+                                           [t.completion_ids for t in trajectories])
+        values = [r for row in steps for _, r in row]
+        m = self.trainer._metrics["train"]
+        m["rewards/prm/mean"].append(sum(values) / len(values) if values else float("nan"))
+        m["rewards/prm/steps"].append(len(values) / len(steps))
+        return steps
+
+    # -- the generation batch ----------------------------------------------------------------------
+    def __call__(self, prompts: list[dict], uses: int, queue, cycle: int, stale: bool) -> RolloutBatch:
+        """Sample, score and compute advantages for the generation batch starting at micro-batch
+        `uses`, cut into its micro-batches, each with the log-probs it needs computed before any
+        update (`stale`: trained on after an update, so the log-probs at sampling too)."""
+        trajectories, rewards, per_func = self._sample_and_score(prompts, uses, queue, cycle)
+        steps = self._score_steps(trajectories)
+        if steps is not None and not self.rewards.names:  # process rewards alone: every row is scored
+            rewards = torch.zeros_like(rewards)
+        scored = ~rewards.isnan()
+        if not scored.all():
+            logger.warning(f"{int((~scored).sum())} of {len(trajectories)} completions got no reward (every reward "
+                           "function returned None); they are left out of the loss")
+        micro = self._micro_batches(trajectories, scored, stale or self.always_old_logps)
+        advantages = self.assign_advantages(micro, rewards, trajectories, steps)
+        self._log(prompts, trajectories, rewards, per_func, advantages)
+        return RolloutBatch(prompts, trajectories, rewards, per_func, advantages, micro)
+
+    def _micro_batches(self, trajectories: list[Trajectory], scored: torch.Tensor, stale: bool):
+        t, rows = self.trainer, self.args.per_device_train_batch_size
+        micro = []
+        for start in range(0, len(trajectories), rows):
+            batch = tensorize(trajectories[start:start + rows], t.processing_class.pad_token_id,
+                              self.a.overlong_filter)
+            batch["loss_mask"][~scored[start:start + rows]] = 0
+            with torch.no_grad(), eval_mode(*self.sampling_modules()):
+                device_batch = t._prepare_inputs(dict(batch))
+                if stale:
+                    self.sampling_forward(batch, device_batch)
+                if self.a.beta:
+                    batch["ref_logps"] = t._reference_logps(device_batch).detach()
+            micro.append(batch)
+        return micro
+
+    def sampling_modules(self) -> list:
+        """What runs in eval mode while the batch's log-probs at sampling (and reference log-probs)
+        are taken: with `--disable_dropout false` dropout would otherwise perturb them, and the
+        engine sampled without it."""
+        return [self.trainer.model]
+
+    def sampling_forward(self, batch: dict, device_batch: dict) -> None:
+        """The log-probs the completions have under the weights that sampled them."""
+        batch["old_logps"] = self.trainer._token_logps(self.trainer.model, device_batch)[0].detach()
+
+    # -- advantages --------------------------------------------------------------------------------
+    def assign_advantages(self, micro: list[dict], rewards: torch.Tensor, trajectories, steps=None) -> torch.Tensor:
+        """Each completion's advantage from the group's rewards (plus, with process rewards, each
+        token's process advantage: the advantages become [B, T]); returns the sequence advantages."""
+        advantages = self._advantages(rewards).nan_to_num(0.0)
+        rows = self.args.per_device_train_batch_size
+        process = None
+        if steps is not None:
+            process = process_advantages(steps, self.n, max(b["completion_ids"].size(1) for b in micro))
+        for i, batch in enumerate(micro):
+            batch["advantages"] = advantages[i * rows:(i + 1) * rows]
+            if process is not None:
+                width = batch["completion_ids"].size(1)
+                batch["advantages"] = batch["advantages"][:, None] + process[i * rows:(i + 1) * rows, :width]
+        return advantages
+
+    def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Advantages from every rank's rewards (batch statistics are the global batch's, as in TRL);
+        this rank's share of them."""
+        a, accelerator = self.a, self.trainer.accelerator
+        if accelerator.num_processes == 1:
+            return compute_advantages(rewards, self.n, a.advantage_estimator, a.scale_rewards)
+        everyone = accelerator.gather(rewards.to(self.args.device)).cpu()
+        mine = accelerator.process_index * rewards.numel()
+        return compute_advantages(everyone, self.n, a.advantage_estimator, a.scale_rewards)[mine:mine + rewards.numel()]
+
+    def global_sum(self, stats: torch.Tensor) -> torch.Tensor:
+        """A sum over every rank."""
+        if self.trainer.accelerator.num_processes > 1:
+            stats = self.trainer.accelerator.reduce(stats.to(self.args.device), reduction="sum")
+        return stats.cpu()
+
+    # -- metrics -----------------------------------------------------------------------------------
+    def _log(self, prompts, trajectories, rewards, per_func, advantages) -> None:
+        # over every rank's rows (as TRL gathers them), not a mean of each rank's own means
+        mine = (rewards.tolist(), [list(v) for v in per_func], [float(sum(t.loss_mask)) for t in trajectories],
+                [bool(t.truncated) for t in trajectories], [t.turns for t in trajectories])
+        parts = [mine]
+        if self.trainer.accelerator.num_processes > 1:
+            parts = [None] * self.trainer.accelerator.num_processes
+            dist.all_gather_object(parts, mine)
+        everyone = [sum((p[i] for p in parts), []) for i in (0, 2, 3, 4)]
+        per_func_all = [sum((p[1][f] for p in parts), []) for f in range(len(per_func))]
+        for key, value in rollout_metrics(torch.tensor(everyone[0]), per_func_all, self.rewards.names, everyone[1],
+                                          everyone[2], everyone[3] if self.scheduler is not None else None,
+                                          self.n).items():
+            self.trainer._metrics["train"][key].append(value)
+        if self.a.log_completions and (not dist.is_initialized() or dist.get_rank() == 0):
+            write_completions(self._completions_path, self.trainer.state.global_step, prompts, trajectories, rewards,
+                              advantages, self.rewards.names, per_func, self.n)
+
+    def evaluate(self, prompts: list[dict], seed: int, prefix: str) -> dict[str, float]:
+        """One answer per prompt, sampled as in training (as TRL does) from a fixed seed so that
+        evaluations are comparable, scored by the reward functions."""
+        with torch.random.fork_rng(devices=[]):  # independent draws, the training RNG stream untouched
+            torch.manual_seed(seed)
+            trajectories = self.generate(prompts, 1)
+        rewards, per_func = self.score(prompts, trajectories, 1)
+        return eval_metrics(rewards, per_func, self.rewards.names, trajectories, prefix)
