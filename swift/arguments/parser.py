@@ -74,7 +74,9 @@ def _openrlhf_name(arg: str) -> str:
 
 
 def build_parser(cls: type[ComposedArguments], prog: str) -> _Parser:
-    parser = _Parser(list(cls.parts.values()), prog=prog, allow_abbrev=False,
+    # a part that lists its flag groups (swift rlhf's, by algorithm) gets one help section per group
+    types = [group for part in cls.parts.values() for group in getattr(part, "flag_groups", (part,))]
+    parser = _Parser(types, prog=prog, allow_abbrev=False,
                      description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
     parser.add_argument("--config", default=None, help="YAML or JSON file of flag: value defaults (explicit flags win).")
     defaults = {k: v for k, v in cls.defaults.items()}

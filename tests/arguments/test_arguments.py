@@ -273,6 +273,35 @@ def test_every_flag_is_refused_where_its_algorithm_does_not_read_it():
             assert unread != read, (rlhf_type, f.name, error)
 
 
+def test_rlhf_flags_are_grouped_by_the_algorithms_that_read_them():
+    """Each flag of `swift rlhf` is in the group of the smallest family of algorithms that alone
+    reads it (by the registry entries' declarations; the common group: no family alone), every flag
+    is in one group, and `swift rlhf --help` shows the groups under their titles."""
+    import dataclasses
+
+    from swift.arguments.rlhf import RlhfArguments
+    from swift.cli.main import help_text
+    from swift.rlhf import ALGORITHMS
+    from swift.rlhf.base import FLAG_ALIASES
+
+    def readers(name):
+        return {t for t in ALGORITHMS if FLAG_ALIASES.get(name, name) in ALGORITHMS.get(t).flags}
+
+    owned = [f.name for group in RlhfArguments.flag_groups for f in dataclasses.fields(group)]
+    assert sorted(owned) == sorted(f.name for f in dataclasses.fields(RlhfArguments))  # each flag in one group
+    families = [set(g.algorithms) for g in RlhfArguments.flag_groups if g.algorithms is not None]
+    text = help_text("rlhf")
+    for group in RlhfArguments.flag_groups:
+        assert f"\n{group._argument_group_name}:\n" in text, group.__name__
+        for f in dataclasses.fields(group):
+            who = readers(f.name)
+            assert who, f.name  # read by some algorithm
+            # the smallest family whose algorithms alone read it (none: the common group's)
+            fits = sorted((family for family in families if who <= family), key=len)
+            assert (set(group.algorithms) if group.algorithms else None) == (fits[0] if fits else None), \
+                (group.__name__, f.name, who)
+
+
 def test_flags_ignored_before_are_refused_in_one_line():
     from swift.arguments.rlhf import RlhfArguments
 
