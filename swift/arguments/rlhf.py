@@ -189,7 +189,8 @@ class OnlineFlags:
     vllm_server_base_url: str | None = field(default=None, metadata={
         "help": "grpo server mode: the rollout server as http://HOST:PORT (sets --vllm_server_host/--vllm_server_port)."})
     vllm_server_api_key: str | None = field(default=None, metadata={
-        "help": "grpo server mode: the rollout server's --api_key (vLLM or built-in engine alike)."})
+        "help": "grpo server mode: the rollout server's --api_key (vLLM or built-in engine alike; default: the "
+                "SWIFT_API_KEY environment variable, which keeps it out of `ps`)."})
     vllm_server_timeout: float = field(default=240.0, metadata={
         "help": "grpo server mode: seconds to wait for the server (startup, each request, each weight-sync step)."})
     weight_sync_bucket_mb: float = field(default=64.0, metadata={

@@ -197,8 +197,9 @@ def _leave_process_group() -> bool:
 
 
 def _exit_without_teardown() -> None:
-    """A rank whose run has ended and saved everything leaves at once: exit handlers run and streams
-    are flushed, but the interpreter is not finalised.
+    """A rank whose run has ended and saved everything leaves at once: non-daemon threads are joined,
+    exit handlers run and streams are flushed, as at a normal exit, but the interpreter is not
+    finalised.
 
     Finalisation tears down what the run leaves alive (the FSDP/DeepSpeed state still holds its
     process groups and their C++ threads; daemon threads are stopped mid-call) and now and then
@@ -208,7 +209,11 @@ def _exit_without_teardown() -> None:
     """
     import atexit
     import logging
+    import threading
 
+    shutdown = getattr(threading, "_shutdown", None)  # what exit does first: thread pools finish their
+    if shutdown is not None:  # queued work, non-daemon threads are joined
+        shutdown()
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -23,10 +23,17 @@ OPEN_PATHS = frozenset({"/health", "/health/"})
 MAX_STOP, MAX_STOP_CHARS = 16, 256  # stop strings are matched on every token of every row
 
 
+API_KEY_ENV = "SWIFT_API_KEY"  # the key from the environment (vLLM's server reads VLLM_API_KEY alike)
+
+
 @dataclass
 class ServingLimits:
     api_key: str | None = field(default=None, metadata={
-        "help": "Require 'Authorization: Bearer <key>' on every route but /health (compared in constant time)."})
+        "help": "Require 'Authorization: Bearer <key>' on every route but /health (compared in constant time). "
+                "On the command line the key shows in `ps`: prefer --api_key_file or the SWIFT_API_KEY "
+                "environment variable."})
+    api_key_file: str | None = field(default=None, metadata={
+        "help": "A file whose first line is the API key (instead of --api_key)."})
     max_request_bytes: int = field(default=8 * 2 ** 20, metadata={
         "help": "Largest request body in bytes (413 above it); default 8 MiB."})
     max_concurrent_requests: int = field(default=256, metadata={
@@ -40,8 +47,22 @@ class ServingLimits:
         "help": "Most sequences one request may ask for (prompts × n, or texts to score)."})
 
     def __post_init__(self) -> None:
+        import os
+
         if self.api_key is not None and not self.api_key:
             raise SwiftError("--api_key must not be empty")
+        if self.api_key_file is not None:
+            if self.api_key is not None:
+                raise SwiftError("give --api_key or --api_key_file, not both")
+            try:
+                with open(self.api_key_file, encoding="utf-8") as f:
+                    self.api_key = f.readline().strip()
+            except OSError as e:
+                raise SwiftError(f"--api_key_file {self.api_key_file}: {e.strerror}") from None
+            if not self.api_key:
+                raise SwiftError(f"--api_key_file {self.api_key_file}: its first line is empty")
+        elif self.api_key is None and os.environ.get(API_KEY_ENV):
+            self.api_key = os.environ[API_KEY_ENV]
         for name in ("max_request_bytes", "max_concurrent_requests", "max_n", "max_rows_per_request"):
             if getattr(self, name) < 1:
                 raise SwiftError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -63,6 +84,22 @@ class ServingLimits:
         if self.max_tokens_limit is not None and config.max_tokens > self.max_tokens_limit:
             raise RequestError(f"max_tokens={config.max_tokens} is above this server's limit of "
                                f"{self.max_tokens_limit} (--max_tokens_limit)", "max_tokens")
+
+
+def open_without_key(host: str, limits: ServingLimits) -> str | None:
+    """The warning for a server that binds a non-loopback address and takes no key, else None."""
+    import ipaddress
+
+    if limits.api_key:
+        return None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        loopback = False
+    if loopback:
+        return None
+    return (f"--host {host} is reachable from other machines and no API key is set: anyone who can reach the "
+            f"port can use the model; set --api_key_file or {API_KEY_ENV}")
 
 
 def timed_out(timeout: float) -> RequestError:

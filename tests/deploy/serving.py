@@ -14,16 +14,18 @@ def free_port() -> int:
 
 
 def start(command: str, *argv: str, port: int | None = None, health: str = "/health",
-          timeout: float = 180, fresh: bool = False) -> tuple[str, subprocess.Popen]:
+          timeout: float = 180, fresh: bool = False, env: dict | None = None,
+          stderr=subprocess.DEVNULL) -> tuple[str, subprocess.Popen]:
     """Launch `swift <command> --port P ...` and wait until `health` answers; returns (url, process).
     The server is forked from the worker's fork server (`tests.conftest.SWIFT`) unless `fresh`:
-    a test that measures the process or kills its group needs the server itself as the process."""
+    a test that measures the process or kills its group needs the server itself as the process.
+    `env`: the process's environment (default: this one's); `stderr`: where its log goes."""
     from tests.conftest import SWIFT
 
     port = port or free_port()
     swift = [sys.executable, "-m", "swift"] if fresh else SWIFT
-    proc = subprocess.Popen([*swift, command, "--port", str(port), *argv],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen([*swift, command, "--port", str(port), *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     while True:

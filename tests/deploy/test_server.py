@@ -18,8 +18,10 @@ API_KEY = "sk-test"
 def server(tmp_path_factory):
     adapter = tmp_path_factory.mktemp("adapter")
     sft_main(train_argv(adapter, "--learning_rate", "5e-2", "--max_steps", "3"))
+    key_file = tmp_path_factory.mktemp("key") / "key.txt"
+    key_file.write_text(API_KEY + "\n")  # the key from a file (not on the command line, where `ps` shows it)
     with deploy("--model", "builtin:tiny-chat", "--served_model_name", "tiny", "--adapters", f"arith={adapter}",
-                "--api_key", API_KEY) as base:
+                "--api_key_file", str(key_file)) as base:
         yield base
 
 

@@ -32,13 +32,18 @@ CASES = {
 }
 
 
-def run(out, command: str, *extra: str, steps: int = 2) -> tuple[list[dict], dict]:
+def run(out, command: str, *extra: str, steps: int = 2, fresh: bool = False) -> tuple[list[dict], dict]:
+    """A run of 2 ranks; `fresh`: launcher and ranks are new interpreters (as users' are), not forked
+    from the worker's fork server."""
+    import sys
+
     from tests.deploy.serving import free_port
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port())}
     argv = train_argv(out, "--optim", "sgd", "--learning_rate", "0.1", "--lr_scheduler_type", "constant",
                       "--max_steps", str(steps), *extra)
-    proc = subprocess.run([*SWIFT, command, *argv], env=env, capture_output=True, text=True,
+    swift = [sys.executable, "-m", "swift"] if fresh else SWIFT
+    proc = subprocess.run([*swift, command, *argv], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     with open(os.path.join(out, "logging.jsonl")) as f:
@@ -104,7 +109,8 @@ def assert_fsdp_checkpoint(checkpoint) -> None:
 
 @pytest.mark.parametrize("preset", ["zero3", "fsdp2"])
 def test_resumed_sharded_run_ends_where_the_uninterrupted_one_does(tmp_path, preset):
-    """AdamW (its moments live in the sharded optimizer state); ZeRO-3 from a JSON config file."""
+    """AdamW (its moments live in the sharded optimizer state); ZeRO-3 from a JSON config file. The
+    resumed run's ranks are fresh interpreters."""
     if preset == "zero3":
         from swift.arguments.deepspeed import PRESETS
 
@@ -120,8 +126,9 @@ def test_resumed_sharded_run_ends_where_the_uninterrupted_one_does(tmp_path, pre
     shutil.copytree(tmp_path / "whole" / "checkpoint-1", first / "checkpoint-1")
     if preset == "fsdp2":
         assert_fsdp_checkpoint(first / "checkpoint-1")
+    # fresh ranks, as users' are: their exit after the run is what once aborted a rank (swift.cli.main)
     resumed_logs, resumed = run(first, "sft", *extra, "--resume_from_checkpoint", str(first / "checkpoint-1"),
-                                steps=3)
+                                steps=3, fresh=True)
     assert [r["global_step"] for r in resumed_logs][-2:] == [2, 3]
     for name in whole:
         torch.testing.assert_close(resumed[name], whole[name], rtol=1e-5, atol=1e-5, msg=name)
