@@ -135,6 +135,36 @@ async def prepared(engine: TransformersEngine, limits: ServingLimits, infer_requ
     return InferRequest(input_ids=prompt, adapter=infer_request.adapter), config
 
 
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: the next ASGI message is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def while_client_waits(request: Request, work, timeout: float):
+    """`work`'s result; cancelled (and so its rows freed between decode steps) when the client
+    disconnects (ClientGone) or after `timeout` seconds (asyncio.TimeoutError)."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # its cancellation (or an error nobody will read)
+        pass
+    if gone in done:
+        raise ClientGone
+    raise asyncio.TimeoutError
+
+
 def add_generation_routes(app: FastAPI, engine: TransformersEngine | None, models: list[str],
                           limits: ServingLimits) -> None:
     """POST /v1/chat/completions and /v1/completions (OpenAI's legacy contract: several prompts,
@@ -156,8 +186,10 @@ def add_generation_routes(app: FastAPI, engine: TransformersEngine | None, model
                     raise RequestError("streaming takes one prompt, without echo or max_tokens 0", "stream")
                 return StreamingResponse(sse(engine, *jobs[0], model, chat, limits.request_timeout),
                                          media_type="text/event-stream")
-            results = await asyncio.wait_for(asyncio.gather(*(engine.infer_async(r, c) for r, c in jobs)),
-                                             limits.request_timeout)
+            work = asyncio.gather(*(engine.infer_async(r, c) for r, c in jobs))
+            results = await while_client_waits(request, work, limits.request_timeout)
+        except ClientGone:  # nobody reads the answer; its rows have left the batch
+            return error(RequestError("the client closed the connection", status=499, code="client_closed_request"))
         except RequestError as e:
             return error(e)
         except SwiftError as e:

@@ -277,6 +277,54 @@ def test_limits_429_and_timeouts():
         engine.close()
 
 
+def test_a_client_that_leaves_a_plain_request_stops_its_generation():
+    """A non-streamed chat whose client disconnects mid-generation: its rows leave the batch within
+    a few decode steps (before: it ran to max_tokens, 300 steps here, for nobody), and the next
+    request is answered at once."""
+    import http.client
+
+    from swift.deploy.server import create_app
+    from swift.infer.transformers_engine import TransformersEngine
+    from swift.template import get_template
+    from tests.deploy.serving import serve_in_thread
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    forward, steps = model.forward, [0]
+
+    def slow_forward(*args, **kwargs):  # ≥ 20 ms a step: 300 steps take ≥ 6 s on any CPU
+        steps[0] += 1
+        time.sleep(0.02)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward
+    engine = TransformersEngine(model, tokenizer, get_template("jinja", tokenizer), fast_decode=False)
+    engine.eos_ids = set()  # every row runs to max_tokens unless it is stopped
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "max_tokens": 300, "temperature": 1.0}
+    try:
+        with serve_in_thread(create_app("tiny", engine=engine)) as base:
+            host, port = base.rsplit("/", 1)[1].split(":")
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+            deadline = time.time() + 30
+            while requests.get(base + "/health").json()["running"] == 0:  # it is being generated
+                assert time.time() < deadline
+                time.sleep(0.02)
+            time.sleep(0.2)
+            conn.close()  # the client leaves
+            at_close = steps[0]
+            deadline = time.time() + 30
+            while requests.get(base + "/health").json() != {"status": "ok", "requests_in_flight": 0, "queued": 0,
+                                                          "running": 0}:
+                assert time.time() < deadline
+                time.sleep(0.02)
+            assert steps[0] - at_close <= 10, steps[0] - at_close  # stopped within a few decode steps
+            start_next = time.time()
+            r = requests.post(base + "/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=60)
+            assert r.status_code == 200 and time.time() - start_next < 5
+    finally:
+        engine.close()
+
+
 def test_soak_1000_requests_with_walkaways(deploy_server):
     """1,000 streamed chats at concurrency 32; every fifth client reads one chunk and disconnects.
     The clients that stay get no error; at the end nothing is queued, running or in flight, and the
