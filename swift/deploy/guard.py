@@ -40,6 +40,9 @@ class ServingLimits:
         "help": "Requests in flight (streams included) before new ones get 429."})
     request_timeout: float = field(default=600.0, metadata={
         "help": "Seconds a request may take; then it gets 504 (a stream: an error event and [DONE])."})
+    body_timeout: float = field(default=30.0, metadata={
+        "help": "Seconds a client may take to send its request body (then 408). The body is read before the "
+                "request takes one of the --max_concurrent_requests slots, so slow uploads hold none."})
     max_n: int = field(default=128, metadata={"help": "Largest n (choices per request) a request may ask for."})
     max_tokens_limit: int | None = field(default=None, metadata={
         "help": "Largest max_tokens a request may ask for (default: the model's context)."})
@@ -66,8 +69,9 @@ class ServingLimits:
         for name in ("max_request_bytes", "max_concurrent_requests", "max_n", "max_rows_per_request"):
             if getattr(self, name) < 1:
                 raise SwiftError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if self.request_timeout <= 0:
-            raise SwiftError(f"--request_timeout must be positive, got {self.request_timeout}")
+        for name in ("request_timeout", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise SwiftError(f"--{name} must be positive, got {getattr(self, name)}")
         if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
             raise SwiftError(f"--max_tokens_limit must be at least 1, got {self.max_tokens_limit}")
 
@@ -128,6 +132,24 @@ async def _reply(send, error: RequestError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def _read_body(receive, limit: int) -> list[dict] | None:
+    """The request's `http.request` messages up to the last one (None if the client disconnects);
+    RequestTooLarge past `limit` bytes."""
+    messages, received = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        if message["type"] != "http.request":
+            continue
+        received += len(message.get("body", b""))
+        if received > limit:
+            raise RequestTooLarge(limit)
+        messages.append(message)
+        if not message.get("more_body", False):
+            return messages
+
+
 class Guard:
     """ASGI middleware: key, size and concurrency checks for every route outside OPEN_PATHS."""
 
@@ -165,20 +187,22 @@ class Guard:
                 return await _reply(send, RequestError("Content-Length is not a number"))
             if int(length) > limits.max_request_bytes:
                 return await _reply(send, RequestTooLarge(limits.max_request_bytes))
+        try:  # the whole body first, so that a slow upload holds no slot
+            messages = await asyncio.wait_for(_read_body(receive, limits.max_request_bytes), limits.body_timeout)
+        except asyncio.TimeoutError:
+            return await _reply(send, RequestError(f"the request body did not arrive within {limits.body_timeout:g}s "
+                                                   "(--body_timeout)", status=408, code="request_timeout"))
+        except RequestTooLarge as e:  # a chunked body without Content-Length
+            return await _reply(send, e)
+        if messages is None:  # the client left while sending
+            return
         if self.active >= limits.max_concurrent_requests:
             return await _reply(send, RequestError(
                 f"the server has {self.active} requests in flight (--max_concurrent_requests); retry later",
                 status=429, code="too_many_requests"))
-        received = 0
 
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limits.max_request_bytes:  # a chunked body without Content-Length
-                    raise RequestTooLarge(limits.max_request_bytes)
-            return message
+        async def replay_receive():  # the body read above, then what the client sends next (its disconnect)
+            return messages.pop(0) if messages else await receive()
 
         started = [False]
 
@@ -189,8 +213,8 @@ class Guard:
         self.active += 1
         try:
             # routes answer 504 at --request_timeout themselves; this also ends a request whose client
-            # stalls while sending its body or reading a stream, so its slot is never held forever
-            await asyncio.wait_for(self.app(scope, limited_receive, noting_send), limits.request_timeout + 10)
+            # stalls while reading a stream, so its slot is never held forever
+            await asyncio.wait_for(self.app(scope, replay_receive, noting_send), limits.request_timeout + 10)
         except asyncio.TimeoutError:
             if not started[0]:
                 await _reply(send, timed_out(limits.request_timeout))

@@ -325,6 +325,45 @@ def test_a_client_that_leaves_a_plain_request_stops_its_generation():
         engine.close()
 
 
+def test_half_sent_bodies_hold_no_slot():
+    """As many clients as --max_concurrent_requests send headers and half a body, then stall: a
+    well-formed request is still answered (before: 429 until the stalled ones timed out, up to 610 s),
+    and each stalled one gets 408 after --body_timeout."""
+    import socket
+
+    from swift.deploy.guard import ServingLimits
+    from swift.deploy.server import create_app
+    from swift.infer.transformers_engine import TransformersEngine
+    from swift.template import get_template
+    from tests.deploy.serving import serve_in_thread
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    engine = TransformersEngine(model, tokenizer, get_template("jinja", tokenizer))
+    app = create_app("tiny", engine=engine, limits=ServingLimits(max_concurrent_requests=2, body_timeout=3))
+    body = json.dumps(chat()).encode()
+    try:
+        with serve_in_thread(app) as base:
+            host, port = base.rsplit("/", 1)[1].split(":")
+            stalled = []
+            for _ in range(2):
+                sock = socket.create_connection((host, int(port)), timeout=30)
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(body) + body[:len(body) // 2])
+                stalled.append(sock)
+            time.sleep(0.5)
+            started = time.time()
+            r = requests.post(base + "/v1/chat/completions", json=chat(), timeout=30)
+            assert r.status_code == 200, r.text
+            for sock in stalled:  # 408 once --body_timeout has passed
+                answer = sock.recv(65536).decode()
+                assert answer.startswith("HTTP/1.1 408"), answer
+                assert '"code":"request_timeout"' in answer.replace(" ", "")
+                sock.close()
+            assert time.time() - started < 20
+    finally:
+        engine.close()
+
+
 def test_soak_1000_requests_with_walkaways(deploy_server):
     """1,000 streamed chats at concurrency 32; every fifth client reads one chunk and disconnects.
     The clients that stay get no error; at the end nothing is queued, running or in flight, and the
