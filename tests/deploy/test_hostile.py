@@ -329,6 +329,7 @@ def test_half_sent_bodies_hold_no_slot():
     """As many clients as --max_concurrent_requests send headers and half a body, then stall: a
     well-formed request is still answered (before: 429 until the stalled ones timed out, up to 610 s),
     and each stalled one gets 408 after --body_timeout."""
+    import http.client
     import socket
 
     from swift.deploy.guard import ServingLimits
@@ -355,9 +356,10 @@ def test_half_sent_bodies_hold_no_slot():
             r = requests.post(base + "/v1/chat/completions", json=chat(), timeout=30)
             assert r.status_code == 200, r.text
             for sock in stalled:  # 408 once --body_timeout has passed
-                answer = sock.recv(65536).decode()
-                assert answer.startswith("HTTP/1.1 408"), answer
-                assert '"code":"request_timeout"' in answer.replace(" ", "")
+                answer = http.client.HTTPResponse(sock)
+                answer.begin()
+                assert answer.status == 408
+                assert json.loads(answer.read())["error"]["code"] == "request_timeout"
                 sock.close()
             assert time.time() - started < 20
     finally:
