@@ -17,10 +17,12 @@ model already solves in more than --easy_query_threshold of its answers, and wri
 
 --data_range I N takes the I-th of N contiguous shards of the rows (several processes, one file
 each); --resume skips the prompts <stem>_progress.jsonl records as complete (nothing lost or
-repeated) and refuses to continue files written from other data, seed or shard.
+repeated) and refuses to continue files written from other data, seed, shard, model, adapters,
+template, sampling or scoring settings.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -154,10 +156,27 @@ def side_paths(path: str) -> dict[str, str]:
     return {"pairs": stem + "_pairs.jsonl", "skipped": stem + "_skipped.jsonl", "progress": stem + "_progress.jsonl"}
 
 
+# settings that change which answers a run writes (model, adapters, template, sampling, scoring),
+# besides the data: a resumed run must agree on each; the rest only steer the run
+NOT_IN_FINGERPRINT = frozenset({"use_hf", "check_model", "attn_impl", "max_batch_size", "vllm_gpu_memory_utilization",
+                                "vllm_enforce_eager", "num_sampling_batches", "resume", "override_exist_file",
+                                "output_dir", "output_file", "strict"})
+
+
 def fingerprint(a, n_rows: int) -> dict:
-    """What decides which prompt a `row_index` names: a resumed run must agree on all of it."""
-    return {"dataset": list(a.dataset), "seed": a.seed if a.seed is not None else 42,
-            "data_range": list(a.data_range), "rows": n_rows}
+    """What decides which prompt a `row_index` names and what is written for it: a resumed run must
+    agree on all of it (values as JSON keeps them)."""
+    settings = {f.name: getattr(a, f.name) for part in SampleArguments.parts.values() for f in dataclasses.fields(part)
+                if f.name not in NOT_IN_FINGERPRINT}
+    settings.update(seed=a.seed if a.seed is not None else 42, rows=n_rows)
+    if a.engine_kwargs:  # the server a client engine asks, not its key (the file is no place for secrets)
+        try:
+            kwargs = json.loads(a.engine_kwargs)
+            settings["engine_kwargs"] = {k: v for k, v in kwargs.items() if not k.endswith(("key", "token"))} \
+                if isinstance(kwargs, dict) else kwargs
+        except json.JSONDecodeError:
+            pass
+    return json.loads(json.dumps(settings, default=str))
 
 
 def prepare_resume(path: str, expected: dict) -> set:
@@ -169,9 +188,14 @@ def prepare_resume(path: str, expected: dict) -> set:
     if not records or "fingerprint" not in records[0]:
         raise SwiftError(f"--resume: {side['progress']} is missing, so which prompts of {path} are complete is "
                          "unknown; --override_exist_file true starts again")
-    if records[0]["fingerprint"] != expected:
-        raise SwiftError(f"--resume: {path} was written from {records[0]['fingerprint']}, this run reads {expected}; "
-                         "give the same --dataset, --seed and --data_range, or another --output_file")
+    written = records[0]["fingerprint"]
+    differ = sorted(k for k in {*written, *expected} if written.get(k) != expected.get(k))
+    if differ:
+        what = ", ".join(f"--{k} {written.get(k)!r} (now {expected.get(k)!r})" for k in differ if k != "rows")
+        if "rows" in differ:
+            what = ", ".join(x for x in (what, f"{written.get('rows')} rows (now {expected.get('rows')})") if x)
+        raise SwiftError(f"--resume: {path} was written with other settings: {what}; give the same ones, or "
+                         "another --output_file")
     done = {r["row_index"] for r in records[1:] if "row_index" in r}
     for p in (path, side["pairs"], side["skipped"]):
         if os.path.exists(p):

@@ -79,7 +79,8 @@ def test_output_trains_with_sft_and_dpo(sampled, tmp_path):
 def test_shards_and_resume_lose_and_repeat_nothing(sampled, tmp_path):
     """Two --data_range shards cover the rows once; a shard interrupted in the middle of a prompt's
     rows and resumed ends with every prompt exactly once (the same rows as an uninterrupted shard:
-    the sampling seed is per request); a resume with other data or seed is refused."""
+    the sampling seed is per request); a resume with another seed, temperature, model or scoring
+    setting is refused in one line naming it."""
     model, whole = sampled
     argv = ["sample", "--model", model, *SAMPLE, "--output_dir", str(tmp_path)]
     for shard, resume in (("0", "false"), ("1", "true")):  # --resume with nothing written yet starts afresh
@@ -104,9 +105,11 @@ def test_shards_and_resume_lose_and_repeat_nothing(sampled, tmp_path):
     progress.write_text("".join(kept_records[:-1]) + kept_records[-1][:8])
     refused = swift(*argv, "--data_range", "0", "2")
     assert refused.returncode != 0 and "--resume continues it" in refused.stderr
-    other_seed = [*argv[:-2], "--seed", "4", *argv[-2:]]
-    refused = swift(*other_seed, "--data_range", "0", "2", "--resume", "true")
-    assert refused.returncode != 0 and "give the same --dataset, --seed and --data_range" in refused.stderr
+    for other, named in ((["--seed", "4"], "--seed 3 (now 4)"), (["--temperature", "0.5"], "--temperature"),
+                         (["--model", "builtin:tiny-chat"], "--model"), (["--n_best_to_keep", "2"], "--n_best_to_keep")):
+        refused = swift(*argv[:-2], *other, *argv[-2:], "--data_range", "0", "2", "--resume", "true")
+        assert refused.returncode != 0 and "was written with other settings" in refused.stderr, refused.stderr[-2000:]
+        assert named in refused.stderr.strip().splitlines()[-1]
     proc = swift(*argv, "--data_range", "0", "2", "--resume", "true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert rows_of(path) == first and rows_of(pairs) == first_pairs  # every line whole, none lost or repeated
