@@ -30,21 +30,61 @@ def _number(body: dict, key: str, default, cast):
             raise TypeError
         return cast(value)
     except (TypeError, ValueError, OverflowError):
-        raise RequestError(f"'{key}' must be a number", key) from None
+        raise RequestError(f"'{key}' must be {'an integer' if cast is _integer else 'a number'}", key) from None
+
+
+def _integer(value) -> int:
+    """An integer, or a float with an integral value (JSON has one number type); never 1.7 → 1."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, int):
+        raise ValueError
+    return value
+
+
+def _flag(body: dict, key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):  # "false" is a string, not false
+        raise RequestError(f"'{key}' must be true or false", key)
+    return value
+
+
+# OpenAI fields this server does not implement: a request that sets one to anything but its neutral
+# value gets 400 naming it, rather than an answer that silently ignores it
+NOT_IMPLEMENTED = {"logit_bias": lambda v: not v, "presence_penalty": lambda v: v == 0,
+                   "frequency_penalty": lambda v: v == 0, "logit_bias_type": lambda v: v is None,
+                   "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
+                   "stream_options": lambda v: isinstance(v, dict) and not v.get("include_usage"),
+                   "tool_choice": lambda v: v in ("none", "auto"), "best_of": lambda v: v in (None, 1),
+                   "suffix": lambda v: not v}
+
+
+def check_fields(body: dict) -> None:
+    for key, neutral in NOT_IMPLEMENTED.items():
+        if body.get(key) is not None and not neutral(body[key]):
+            raise RequestError(f"'{key}' is not supported by this server (only its default)", key)
+    if not isinstance(body.get("stream", False), bool):
+        raise RequestError("'stream' must be true or false", "stream")
 
 
 def request_config(body: dict, chat: bool) -> RequestConfig:
+    check_fields(body)
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise RequestError("'stop' must be a string or a list of strings", "stop")
+    if any(not s for s in stop):
+        raise RequestError("'stop' strings must not be empty (an empty one would stop before the first token)",
+                           "stop")
     prompt_logprobs = None
     if chat:
-        logprobs = bool(body.get("logprobs") or False)
-        top = _number(body, "top_logprobs", 0, int)
+        logprobs = _flag(body, "logprobs")
+        top = _number(body, "top_logprobs", 0, _integer)
     else:  # the completions API takes the number of alternatives in `logprobs`
-        top = _number(body, "logprobs", None, int)
+        top = _number(body, "logprobs", None, _integer)
         logprobs, top = top is not None, top or 0
         if not isinstance(body.get("echo", False), bool):
             raise RequestError("'echo' must be true or false", "echo")
@@ -55,12 +95,12 @@ def request_config(body: dict, chat: bool) -> RequestConfig:
         prompt_logprobs = 0  # nothing to generate: the engine only reads the prompt
     try:
         return RequestConfig(
-            max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", 256, int),
+            max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", 256, _integer),
             temperature=_number(body, "temperature", 1.0, float),
             top_p=_number(body, "top_p", 1.0, float),
-            top_k=max(_number(body, "top_k", 0, int), 0),
+            top_k=max(_number(body, "top_k", 0, _integer), 0),
             repetition_penalty=_number(body, "repetition_penalty", 1.0, float),
-            n=_number(body, "n", 1, int), seed=_number(body, "seed", None, int), stop=stop,
+            n=_number(body, "n", 1, _integer), seed=_number(body, "seed", None, _integer), stop=stop,
             logprobs=logprobs, top_logprobs=top, prompt_logprobs=prompt_logprobs)
     except RequestError:
         raise
@@ -74,14 +114,20 @@ def chat_request(body: dict, adapter: str | None) -> InferRequest:
         raise RequestError("'messages' must be a non-empty list", "messages")
     clean = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-            raise RequestError(f"messages[{i}] needs a role of system, user, assistant or tool", "messages")
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise RequestError(f"messages[{i}] needs a role of system, developer, user, assistant or tool", "messages")
         content = m.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}]
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise RequestError(f"messages[{i}].content[{j}] is a {kind!r} part; this model takes text parts "
+                                       "only", "messages")
+            content = "".join(part["text"] for part in content)
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string", "messages")
-        clean.append({"role": m["role"], "content": content})
+        # OpenAI's `developer` role is the system prompt of models without a role of that name
+        clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise RequestError("'tools' must be a list of objects", "tools")

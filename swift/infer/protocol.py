@@ -34,6 +34,11 @@ class InferRequest:
             raise SwiftError("input_ids must not be empty")
 
 
+# below this a sampling temperature is greedy decoding (what it approaches), instead of dividing the
+# logits into infinities
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass
 class RequestConfig:
     max_tokens: int = 256
@@ -68,6 +73,8 @@ class RequestConfig:
         for ok, message in checks:
             if not ok:
                 raise SwiftError(message)
+        if 0 < self.temperature < MIN_TEMPERATURE:  # logits / 1e-300 overflow to inf and sample NaN
+            self.temperature = 0.0
 
     def openai_fields(self, max_tokens: bool = True) -> dict:
         """The sampling fields of an OpenAI-style request body (the optional ones only when set)."""

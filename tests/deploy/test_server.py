@@ -49,6 +49,21 @@ def test_models_and_chat(server):
     assert len(r.choices[0].logprobs.content[0].top_logprobs) == 2
 
 
+def test_developer_role_and_a_tiny_temperature(server):
+    """OpenAI's `developer` role is rendered as the system prompt; a positive temperature too small to
+    divide logits by (1e-300) decodes greedily, as temperature 0 does (it used to sample NaN)."""
+    c = client(server)
+    user = {"role": "user", "content": "12+34="}
+    ask = dict(model="tiny", max_tokens=6, seed=0)
+    system = c.chat.completions.create(messages=[{"role": "system", "content": "Add."}, user], temperature=0, **ask)
+    developer = c.chat.completions.create(messages=[{"role": "developer", "content": "Add."}, user], temperature=0,
+                                          **ask)
+    assert developer.choices[0].message.content == system.choices[0].message.content
+    assert developer.usage.prompt_tokens == system.usage.prompt_tokens
+    tiny = c.chat.completions.create(messages=[{"role": "system", "content": "Add."}, user], temperature=1e-300, **ask)
+    assert tiny.choices[0].message.content == system.choices[0].message.content
+
+
 def test_adapter_is_chosen_by_model_name(server):
     c = client(server)
     ask = dict(messages=[{"role": "user", "content": "12+34="}], max_tokens=6, temperature=0, seed=0)
