@@ -20,6 +20,10 @@ CORE_SHARE = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_X
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(CORE_SHARE))
 
+# a key exported in the developer's shell would make every test server demand it (tests/deploy/test_keys.py
+# sets its own)
+os.environ.pop("SWIFT_API_KEY", None)
+
 # xdist groups (`--dist loadgroup`): the tests of one group run one after another on one worker.
 # Node-id prefix -> group. "ranks": runs of 2 ranks (or 2 nodes) on this machine's 2 cores; the others
 # share a module-scoped server or run that would otherwise be started once per worker.

@@ -2,8 +2,12 @@
 their routes apply: the API key (compared in constant time), the body size, the number of
 requests in flight, the time a request may take, and caps on `n` and `max_tokens`.
 
-`Guard` is plain ASGI middleware, so it answers 401 / 413 / 429 without reading a body it refuses,
-and it counts a streamed request as in flight until its last byte is sent."""
+`Guard` is plain ASGI middleware, so it answers 401 and 413 (from Content-Length) without reading
+a body it refuses. It reads a request's whole body (within --body_timeout) before the request
+takes one of the --max_concurrent_requests slots, so a slow upload holds no slot; the bodies being
+read together are capped at --max_concurrent_requests × --max_request_bytes bytes (the bound the
+slots gave before), above which a new request gets 429. A streamed request counts as in flight
+until its last byte is sent."""
 from __future__ import annotations
 
 import asyncio
@@ -24,6 +28,13 @@ MAX_STOP, MAX_STOP_CHARS = 16, 256  # stop strings are matched on every token of
 
 
 API_KEY_ENV = "SWIFT_API_KEY"  # the key from the environment (vLLM's server reads VLLM_API_KEY alike)
+
+
+def api_key_from_env() -> str | None:
+    """The key in SWIFT_API_KEY (surrounding whitespace, e.g. a secret file's newline, dropped)."""
+    import os
+
+    return os.environ.get(API_KEY_ENV, "").strip() or None
 
 
 @dataclass
@@ -50,8 +61,6 @@ class ServingLimits:
         "help": "Most sequences one request may ask for (prompts × n, or texts to score)."})
 
     def __post_init__(self) -> None:
-        import os
-
         if self.api_key is not None and not self.api_key:
             raise SwiftError("--api_key must not be empty")
         if self.api_key_file is not None:
@@ -64,8 +73,8 @@ class ServingLimits:
                 raise SwiftError(f"--api_key_file {self.api_key_file}: {e.strerror}") from None
             if not self.api_key:
                 raise SwiftError(f"--api_key_file {self.api_key_file}: its first line is empty")
-        elif self.api_key is None and os.environ.get(API_KEY_ENV):
-            self.api_key = os.environ[API_KEY_ENV]
+        elif self.api_key is None:
+            self.api_key = api_key_from_env()
         for name in ("max_request_bytes", "max_concurrent_requests", "max_n", "max_rows_per_request"):
             if getattr(self, name) < 1:
                 raise SwiftError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -132,22 +141,10 @@ async def _reply(send, error: RequestError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(receive, limit: int) -> list[dict] | None:
-    """The request's `http.request` messages up to the last one (None if the client disconnects);
-    RequestTooLarge past `limit` bytes."""
-    messages, received = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        if message["type"] != "http.request":
-            continue
-        received += len(message.get("body", b""))
-        if received > limit:
-            raise RequestTooLarge(limit)
-        messages.append(message)
-        if not message.get("more_body", False):
-            return messages
+class TooManyBodies(RequestError):
+    def __init__(self):
+        super().__init__("the server is reading too many request bodies at once (--max_concurrent_requests × "
+                         "--max_request_bytes); retry later", status=429, code="too_many_requests")
 
 
 class Guard:
@@ -156,6 +153,29 @@ class Guard:
     def __init__(self, app, limits: ServingLimits, log_requests: bool = False):
         self.app, self.limits, self.log_requests = app, limits, log_requests
         self.active = 0
+        self.buffered = 0  # bytes of the bodies being read or served now
+
+    async def _read_body(self, receive, held: list[int]) -> list[dict] | None:
+        """The request's `http.request` messages up to the last one (None if the client
+        disconnects); RequestTooLarge past --max_request_bytes, TooManyBodies past the bytes all
+        requests may hold together. `held[0]`: this request's bytes counted in `buffered`."""
+        limits, messages = self.limits, []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            if message["type"] != "http.request":
+                continue
+            size = len(message.get("body", b""))
+            if held[0] + size > limits.max_request_bytes:
+                raise RequestTooLarge(limits.max_request_bytes)
+            if self.buffered + size > limits.max_concurrent_requests * limits.max_request_bytes:
+                raise TooManyBodies()
+            held[0] += size
+            self.buffered += size
+            messages.append(message)
+            if not message.get("more_body", False):
+                return messages
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -187,12 +207,20 @@ class Guard:
                 return await _reply(send, RequestError("Content-Length is not a number"))
             if int(length) > limits.max_request_bytes:
                 return await _reply(send, RequestTooLarge(limits.max_request_bytes))
+        held = [0]
+        try:
+            await self._serve(scope, receive, send, held)
+        finally:
+            self.buffered -= held[0]
+
+    async def _serve(self, scope, receive, send, held: list[int]):
+        limits = self.limits
         try:  # the whole body first, so that a slow upload holds no slot
-            messages = await asyncio.wait_for(_read_body(receive, limits.max_request_bytes), limits.body_timeout)
+            messages = await asyncio.wait_for(self._read_body(receive, held), limits.body_timeout)
         except asyncio.TimeoutError:
             return await _reply(send, RequestError(f"the request body did not arrive within {limits.body_timeout:g}s "
                                                    "(--body_timeout)", status=408, code="request_timeout"))
-        except RequestTooLarge as e:  # a chunked body without Content-Length
+        except (RequestTooLarge, TooManyBodies) as e:  # RequestTooLarge: a chunked body without Content-Length
             return await _reply(send, e)
         if messages is None:  # the client left while sending
             return

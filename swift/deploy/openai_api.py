@@ -56,7 +56,6 @@ def _flag(body: dict, key: str) -> bool:
 NOT_IMPLEMENTED = {"logit_bias": lambda v: not v, "presence_penalty": lambda v: v == 0,
                    "frequency_penalty": lambda v: v == 0, "logit_bias_type": lambda v: v is None,
                    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
-                   "stream_options": lambda v: isinstance(v, dict) and not v.get("include_usage"),
                    "tool_choice": lambda v: v in ("none", "auto"), "best_of": lambda v: v in (None, 1),
                    "suffix": lambda v: not v}
 
@@ -65,8 +64,16 @@ def check_fields(body: dict) -> None:
     for key, neutral in NOT_IMPLEMENTED.items():
         if body.get(key) is not None and not neutral(body[key]):
             raise RequestError(f"'{key}' is not supported by this server (only its default)", key)
-    if not isinstance(body.get("stream", False), bool):
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
         raise RequestError("'stream' must be true or false", "stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise RequestError("'stream_options' applies only when 'stream' is true", "stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_usage"} \
+                or not isinstance(options.get("include_usage", False), bool):
+            raise RequestError("'stream_options' takes {\"include_usage\": true|false} only", "stream_options")
 
 
 def request_config(body: dict, chat: bool) -> RequestConfig:

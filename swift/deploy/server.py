@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
@@ -25,15 +26,18 @@ def error(e: RequestError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-async def sse(engine: TransformersEngine, infer_request, config, model: str, chat: bool, timeout: float):
+async def sse(engine: TransformersEngine, infer_request, config, model: str, chat: bool, timeout: float,
+              include_usage: bool = False):
     """Server-sent events: one chunk per streamed piece, then `data: [DONE]`. Whatever goes wrong
     (a bad request found late, an engine error, the request timeout), the stream ends with an
-    error event and `[DONE]`."""
+    error event and `[DONE]`. `include_usage` (OpenAI's `stream_options`): every chunk carries
+    `usage: null` and a last chunk without choices carries the request's token counts."""
     cid = api.new_id("chatcmpl" if chat else "cmpl")
     first = set()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     deltas = engine.stream_async(infer_request, config)
+    completion_tokens = 0
     try:
         while True:
             try:
@@ -45,7 +49,17 @@ async def sse(engine: TransformersEngine, infer_request, config, model: str, cha
                 first.add(delta.index)
             else:
                 chunk = api.completion_chunk(cid, model, delta)
+            completion_tokens += len(delta.token_ids)
+            if include_usage:
+                chunk["usage"] = None
             yield f"data: {json.dumps(chunk)}\n\n"
+        if include_usage:
+            prompt_tokens = len(infer_request.input_ids)
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                     "total_tokens": prompt_tokens + completion_tokens}
+            last = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()), "model": model, "choices": [], "usage": usage}
+            yield f"data: {json.dumps(last)}\n\n"
     except asyncio.TimeoutError:
         yield f"data: {json.dumps(timed_out(timeout).body())}\n\n"
     except SwiftError as e:
@@ -81,7 +95,7 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
     app = FastAPI(title="swift deploy")
     models = [served_model_name, *(adapters or {})]
 
-    # refusals cost no body read and no route; each request is logged in one line
+    # key and size refusals cost no body read and no route; each request is logged in one line
     app.add_middleware(Guard, limits=limits, log_requests=True)
 
     @app.exception_handler(RequestError)
@@ -151,6 +165,9 @@ async def while_client_waits(request: Request, work, timeout: float):
     task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
     try:
         done, _ = await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler was cancelled (the Guard's cut-off, shutdown): so is the work
+        task.cancel()
+        raise
     finally:
         gone.cancel()
     if task in done:
@@ -184,7 +201,8 @@ def add_generation_routes(app: FastAPI, engine: TransformersEngine | None, model
             if body.get("stream"):
                 if len(jobs) > 1 or config.prompt_logprobs is not None or (not chat and body.get("echo")):
                     raise RequestError("streaming takes one prompt, without echo or max_tokens 0", "stream")
-                return StreamingResponse(sse(engine, *jobs[0], model, chat, limits.request_timeout),
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return StreamingResponse(sse(engine, *jobs[0], model, chat, limits.request_timeout, include_usage),
                                          media_type="text/event-stream")
             work = asyncio.gather(*(engine.infer_async(r, c) for r, c in jobs))
             results = await while_client_waits(request, work, limits.request_timeout)

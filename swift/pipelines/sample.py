@@ -159,8 +159,9 @@ def side_paths(path: str) -> dict[str, str]:
 # settings that change which answers a run writes (model, adapters, template, sampling, scoring),
 # besides the data: a resumed run must agree on each; the rest only steer the run
 NOT_IN_FINGERPRINT = frozenset({"use_hf", "check_model", "attn_impl", "max_batch_size", "vllm_gpu_memory_utilization",
-                                "vllm_enforce_eager", "num_sampling_batches", "resume", "override_exist_file",
-                                "output_dir", "output_file", "strict"})
+                                "vllm_enforce_eager", "num_sampling_batches", "num_sampling_batch_size", "resume",
+                                "override_exist_file", "output_dir", "output_file", "strict"})
+ENGINE_OPTIONS_NOT_IN_FINGERPRINT = frozenset({"concurrency", "timeout", "max_retries"})
 
 
 def fingerprint(a, n_rows: int) -> dict:
@@ -169,13 +170,9 @@ def fingerprint(a, n_rows: int) -> dict:
     settings = {f.name: getattr(a, f.name) for part in SampleArguments.parts.values() for f in dataclasses.fields(part)
                 if f.name not in NOT_IN_FINGERPRINT}
     settings.update(seed=a.seed if a.seed is not None else 42, rows=n_rows)
-    if a.engine_kwargs:  # the server a client engine asks, not its key (the file is no place for secrets)
-        try:
-            kwargs = json.loads(a.engine_kwargs)
-            settings["engine_kwargs"] = {k: v for k, v in kwargs.items() if not k.endswith(("key", "token"))} \
-                if isinstance(kwargs, dict) else kwargs
-        except json.JSONDecodeError:
-            pass
+    # the server a client engine asks, not its key (the file is no place for secrets) nor how it is asked
+    settings["engine_kwargs"] = {k: v for k, v in a.sample_args.engine_options.items()
+                                 if not k.endswith(("key", "token")) and k not in ENGINE_OPTIONS_NOT_IN_FINGERPRINT}
     return json.loads(json.dumps(settings, default=str))
 
 
@@ -189,7 +186,8 @@ def prepare_resume(path: str, expected: dict) -> set:
         raise SwiftError(f"--resume: {side['progress']} is missing, so which prompts of {path} are complete is "
                          "unknown; --override_exist_file true starts again")
     written = records[0]["fingerprint"]
-    differ = sorted(k for k in {*written, *expected} if written.get(k) != expected.get(k))
+    # a setting the file does not record (written by an earlier version) is not checked
+    differ = sorted(k for k in expected if k in written and written[k] != expected[k])
     if differ:
         what = ", ".join(f"--{k} {written.get(k)!r} (now {expected.get(k)!r})" for k in differ if k != "rows")
         if "rows" in differ:

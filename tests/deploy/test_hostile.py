@@ -100,7 +100,11 @@ BAD_REQUESTS = [
     ("deploy", "/v1/chat/completions", dict(json=chat(presence_penalty=0.5)), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(frequency_penalty=0.5)), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(response_format={"type": "json_object"})), 400),
-    ("deploy", "/v1/chat/completions", dict(json=chat(stream=True, stream_options={"include_usage": True})), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(stream_options={"include_usage": True})), 400),  # no stream
+    ("deploy", "/v1/chat/completions", dict(json=chat(stream=True, stream_options={"include_usage": "yes"})), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(tool_choice="required")), 400),
+    ("deploy", "/v1/completions", dict(json={"model": "tiny", "prompt": "1+1=", "max_tokens": 2, "best_of": 3}), 400),
+    ("deploy", "/v1/completions", dict(json={"model": "tiny", "prompt": "1+1=", "max_tokens": 2, "suffix": "x"}), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(messages=[{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])),
      400),
@@ -375,6 +379,44 @@ def test_half_sent_bodies_hold_no_slot():
                 assert json.loads(answer.read())["error"]["code"] == "request_timeout"
                 sock.close()
             assert time.time() - started < 20
+    finally:
+        engine.close()
+
+
+def test_bodies_being_read_are_capped_together():
+    """The bodies read before their requests take a slot hold at most --max_concurrent_requests ×
+    --max_request_bytes bytes together: past that a new request gets 429, one that fits is served."""
+    import http.client
+    import socket
+
+    from swift.deploy.guard import ServingLimits
+    from swift.deploy.server import create_app
+    from swift.infer.transformers_engine import TransformersEngine
+    from swift.template import get_template
+    from tests.deploy.serving import serve_in_thread
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    engine = TransformersEngine(model, tokenizer, get_template("jinja", tokenizer))
+    limits = ServingLimits(max_concurrent_requests=1, max_request_bytes=1000, body_timeout=5)
+    compact = json.dumps(chat()).encode()
+    try:
+        with serve_in_thread(create_app("tiny", engine=engine, limits=limits)) as base:
+            host, port = base.rsplit("/", 1)[1].split(":")
+            sock = socket.create_connection((host, int(port)), timeout=30)  # 900 of its 1000 bytes, then stalls
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n" + b" " * 900)
+            time.sleep(0.5)
+            padded = compact[:-1] + b" " * (300 - len(compact)) + b"}"
+            r = requests.post(base + "/v1/chat/completions", data=padded, timeout=30,
+                              headers={"Content-Type": "application/json"})
+            assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_requests", r.text
+            r = requests.post(base + "/v1/chat/completions", data=compact, timeout=30,
+                              headers={"Content-Type": "application/json"})
+            assert r.status_code == 200, r.text
+            answer = http.client.HTTPResponse(sock)
+            answer.begin()
+            assert answer.status == 408
+            sock.close()
     finally:
         engine.close()
 

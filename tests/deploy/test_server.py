@@ -64,6 +64,24 @@ def test_developer_role_and_a_tiny_temperature(server):
     assert tiny.choices[0].message.content == system.choices[0].message.content
 
 
+def test_usage_in_a_stream_and_neutral_values_of_unimplemented_fields(server):
+    """`stream_options.include_usage`: a last chunk without choices carries the same token counts as
+    the same request unstreamed; fields the server does not implement pass at their neutral values
+    (and an integral float is an integer)."""
+    c = client(server)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "12+34="}], max_tokens=6, temperature=0)
+    plain = c.chat.completions.create(**ask)
+    chunks = list(c.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert all(ch.usage is None for ch in chunks[:-1])
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks[:-1]) == plain.choices[0].message.content
+    neutral = c.chat.completions.create(**ask, presence_penalty=0, frequency_penalty=0, logit_bias={},
+                                        response_format={"type": "text"}, tool_choice="none", n=1,
+                                        extra_body={"n": 2.0})
+    assert len(neutral.choices) == 2 and neutral.choices[0].message.content == plain.choices[0].message.content
+
+
 def test_adapter_is_chosen_by_model_name(server):
     c = client(server)
     ask = dict(messages=[{"role": "user", "content": "12+34="}], max_tokens=6, temperature=0, seed=0)

@@ -206,3 +206,28 @@ def test_bad_flags_are_one_line(argv, message):
 
     with pytest.raises(SwiftError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         parse_args(SampleArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft", *argv])
+
+
+def test_the_resume_fingerprint_keeps_secrets_out_and_reads_older_files(tmp_path):
+    """A client engine's options from a config file (a mapping): its key is not written to the
+    progress file and its concurrency is not a setting that must match; a progress file written by
+    an earlier version (data, seed, shard and rows only) still resumes."""
+    from swift.arguments.parser import parse_args
+    from swift.pipelines.sample import SampleArguments, fingerprint, prepare_resume
+
+    config = tmp_path / "sample.yaml"
+    config.write_text("model: builtin:tiny-chat\ndataset: [builtin:arith-sft:eval#4]\nsampler_engine: client\n"
+                      "engine_kwargs: {base_url: 'http://127.0.0.1:9/v1', api_key: sk-secret, concurrency: 4}\n")
+    a = parse_args(SampleArguments, ["--config", str(config)])
+    expected = fingerprint(a, 4)
+    assert expected["engine_kwargs"] == {"base_url": "http://127.0.0.1:9/v1"} and "sk-secret" not in json.dumps(expected)
+    out = tmp_path / "sample.jsonl"
+    out.write_text(json.dumps({"row_index": 0, "response": "x"}) + "\n")
+    older = {"dataset": ["builtin:arith-sft:eval#4"], "seed": 42, "data_range": [], "rows": 4}
+    (tmp_path / "sample_progress.jsonl").write_text(json.dumps({"fingerprint": older}) + "\n"
+                                                    + json.dumps({"row_index": 0}) + "\n")
+    assert prepare_resume(str(out), expected) == {0}
+    older["seed"] = 7
+    (tmp_path / "sample_progress.jsonl").write_text(json.dumps({"fingerprint": older}) + "\n")
+    with pytest.raises(SwiftError, match=r"--seed 7 \(now 42\)"):
+        prepare_resume(str(out), expected)
