@@ -99,20 +99,19 @@ class ServingLimits:
                                f"{self.max_tokens_limit} (--max_tokens_limit)", "max_tokens")
 
 
-def open_without_key(host: str, limits: ServingLimits) -> str | None:
-    """The warning for a server that binds a non-loopback address and takes no key, else None."""
+def warn_if_open(host: str, limits: ServingLimits) -> None:
+    """Warn (once, at start) when a server binds a non-loopback address and takes no key."""
     import ipaddress
 
     if limits.api_key:
-        return None
+        return
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: it may resolve to anything
         loopback = False
-    if loopback:
-        return None
-    return (f"--host {host} is reachable from other machines and no API key is set: anyone who can reach the "
-            f"port can use the model; set --api_key_file or {API_KEY_ENV}")
+    if not loopback:
+        logger.warning(f"--host {host} is reachable from other machines and no API key is set: anyone who can "
+                       f"reach the port can use the model; set --api_key_file or {API_KEY_ENV}")
 
 
 def timed_out(timeout: float) -> RequestError:

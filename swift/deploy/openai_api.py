@@ -242,6 +242,14 @@ def chat_chunk(cid: str, model: str, delta: StreamDelta, first: bool) -> dict[st
                          "finish_reason": delta.finish_reason}]}
 
 
+def usage_chunk(cid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The last chunk of a stream with `stream_options.include_usage`: no choices, the token counts."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}
+    return {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [], "usage": usage}
+
+
 def completion_chunk(cid: str, model: str, delta: StreamDelta) -> dict[str, Any]:
     return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": delta.index, "text": delta.text, "logprobs": _completion_logprobs(delta.logprobs),
@@ -249,4 +257,4 @@ def completion_chunk(cid: str, model: str, delta: StreamDelta) -> dict[str, Any]
 
 
 __all__ = ["Choice", "RequestError", "chat_chunk", "chat_request", "chat_response", "completion_chunk",
-           "completion_requests", "completion_response", "new_id", "request_config"]
+           "completion_requests", "completion_response", "new_id", "request_config", "usage_chunk"]

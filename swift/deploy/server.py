@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
@@ -54,11 +53,7 @@ async def sse(engine: TransformersEngine, infer_request, config, model: str, cha
                 chunk["usage"] = None
             yield f"data: {json.dumps(chunk)}\n\n"
         if include_usage:
-            prompt_tokens = len(infer_request.input_ids)
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                     "total_tokens": prompt_tokens + completion_tokens}
-            last = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": int(time.time()), "model": model, "choices": [], "usage": usage}
+            last = api.usage_chunk(cid, model, chat, len(infer_request.input_ids), completion_tokens)
             yield f"data: {json.dumps(last)}\n\n"
     except asyncio.TimeoutError:
         yield f"data: {json.dumps(timed_out(timeout).body())}\n\n"

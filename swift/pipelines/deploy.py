@@ -8,9 +8,8 @@ from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import TemplateArguments
-from swift.deploy.guard import ServingLimits, open_without_key
+from swift.deploy.guard import ServingLimits, warn_if_open
 from swift.pipelines.base import resolve_args
-from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
 
@@ -45,9 +44,7 @@ def deploy_main(args: DeployArguments | list[str] | None = None) -> None:
     from swift.infer.factory import build_engine, build_scorer
 
     a = resolve_args(DeployArguments, args, "swift deploy")
-    warning = open_without_key(a.host, a.serving_limits)
-    if warning:
-        get_logger(__name__).warning(warning)
+    warn_if_open(a.host, a.serving_limits)
     name = a.served_model_name or (a.model or "model").rstrip("/").split("/")[-1]
     if a.task_type == "seq_cls":
         app = create_app(name, scorer=build_scorer(a), limits=a.serving_limits)

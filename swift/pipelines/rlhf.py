@@ -327,12 +327,10 @@ class RLHFPipeline(TrainPipeline):
                                          enforce_eager=a.vllm_enforce_eager)
 
         def rollout_server(model):
-            from swift.deploy.guard import api_key_from_env
             from swift.rollout.client import RolloutClient
 
             client = RolloutClient(a.vllm_server_host, a.vllm_server_port, timeout=a.vllm_server_timeout,
-                                   bucket_mb=a.weight_sync_bucket_mb,
-                                   api_key=a.vllm_server_api_key or api_key_from_env())
+                                   bucket_mb=a.weight_sync_bucket_mb, api_key=a.vllm_server_api_key)
             if a.use_vllm and client.info["engine_type"] != "VllmEngine":
                 raise SwiftError(f"--use_vllm true --vllm_mode server, but the rollout server {client.url} runs "
                                  f"{client.info['engine_type']}: start it with --infer_backend vllm, or train with "

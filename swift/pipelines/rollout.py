@@ -9,9 +9,8 @@ from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import TemplateArguments
-from swift.deploy.guard import ServingLimits, open_without_key
+from swift.deploy.guard import ServingLimits, warn_if_open
 from swift.pipelines.base import resolve_args
-from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
 
@@ -61,9 +60,7 @@ def rollout_main(args: RolloutArguments | list[str] | None = None) -> None:
     from swift.rollout.server import RolloutServer, create_app
 
     a = resolve_args(RolloutArguments, args, "swift rollout")
-    warning = open_without_key(a.host, a.serving_limits)
-    if warning:
-        get_logger(__name__).warning(warning)
+    warn_if_open(a.host, a.serving_limits)
     if not a.model:
         raise SwiftError("--model is required")
     server = RolloutServer(a)

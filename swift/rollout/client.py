@@ -12,6 +12,7 @@ from dataclasses import asdict, fields
 import requests
 import torch
 
+from swift.deploy.guard import api_key_from_env
 from swift.infer.protocol import RequestConfig
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory
@@ -54,6 +55,7 @@ class RolloutClient:
         self.host, self.port, self.timeout, self.bucket_mb = host, port, timeout, bucket_mb
         self.url = f"http://{host}:{port}"
         self.session = requests.Session()
+        api_key = api_key or api_key_from_env()  # without a key given, SWIFT_API_KEY (as the servers read it)
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
         self.group: WeightGroup | None = None
