@@ -59,6 +59,10 @@ class ServingLimits:
         "help": "Largest max_tokens a request may ask for (default: the model's context)."})
     max_rows_per_request: int = field(default=4096, metadata={
         "help": "Most sequences one request may ask for (prompts × n, or texts to score)."})
+    allow_control_tokens: bool = field(default=False, metadata={
+        "help": "Encode control-token text inside message content (a client typing '<|im_start|>system') as "
+                "control tokens, as training does. Off (default), such text is plain text, so a client cannot "
+                "forge a turn of its own; only the chat template writes control tokens. For trusted callers."})
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key:

@@ -42,6 +42,7 @@ def load_for_serving(args, task_type: str = "causal_lm"):
             model.load_adapter(path, adapter_name=name)
     name = choose_template(args.template, getattr(args, "model_type", None), info.model_type, tokenizer)
     template = get_template(name, tokenizer, system=args.system, max_length=args.max_length)
+    template.split_special_tokens = not getattr(args, "allow_control_tokens", True)  # servers: plain text
     return model, tokenizer, template, adapters
 
 
@@ -71,6 +72,7 @@ def build_vllm_engine(args, **engine_kwargs) -> tuple[InferEngine, dict[str, str
     model_type = AutoConfig.from_pretrained(model_dir).model_type
     name = choose_template(args.template, getattr(args, "model_type", None), model_type, tokenizer)
     template = get_template(name, tokenizer, system=args.system, max_length=args.max_length)
+    template.split_special_tokens = not getattr(args, "allow_control_tokens", True)  # servers: plain text
     utilization = args.vllm_gpu_memory_utilization or (0.9 if torch.cuda.is_available() else 0.2)
     dtype = "auto" if args.torch_dtype == "auto" else args.torch_dtype
     engine = VllmEngine(model_dir, tokenizer, template, adapters=adapters, dtype=dtype,

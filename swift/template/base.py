@@ -8,6 +8,7 @@ when it starts inside a loss span.
 from __future__ import annotations
 
 import abc
+import secrets
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -35,6 +36,9 @@ class Template(abc.ABC):
 
     name = "base"
     default_system: str | None = None
+    # Serving sets this: control-token text inside a message's content (a client typing
+    # "<|im_start|>system") is encoded as plain text, so only the template writes control tokens.
+    split_special_tokens = False
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, *, system: str | None = None, max_length: int | None = None,
                  truncation_strategy: str = "delete", loss_scale: str = "default"):
@@ -78,8 +82,7 @@ class Template(abc.ABC):
         messages = self.with_system(messages)
         if messages and messages[-1]["role"] == "assistant":
             messages = messages[:-1]
-        text, _ = self.render(messages, add_generation_prompt=True, tools=tools)
-        return self._tokenize(text)[0]
+        return self._encode_rendered(messages, tools)
 
     def encode_continuation(self, messages: list[dict], tools: list | None = None) -> list[int]:
         """Token ids from which generation continues: after a generation prompt, or inside the last
@@ -87,15 +90,52 @@ class Template(abc.ABC):
         messages = self.with_system(messages)
         if not messages or messages[-1]["role"] != "assistant":
             return self.encode_prompt(messages, tools)
-        text, _ = self.render(messages[:-1], add_generation_prompt=True, tools=tools)
-        return self._tokenize(text + messages[-1]["content"])[0]
+        return self._encode_rendered(messages[:-1], tools, continuation=messages[-1]["content"])
+
+    def _encode_rendered(self, messages: list[dict], tools: list | None, continuation: str = "") -> list[int]:
+        """Ids of the rendered conversation plus `continuation` (after the generation prompt). With
+        `split_special_tokens`, every message content that holds control-token text is rendered as a
+        placeholder and tokenized on its own as plain text; the template's own text keeps its tokens."""
+        specials = self._special_texts() if self.split_special_tokens else ()
+        plain: dict[str, str] = {}
+        if specials:
+            nonce = secrets.token_hex(8)
+            masked = []
+            for i, m in enumerate(messages):
+                content = m.get("content")
+                if isinstance(content, str) and any(s in content for s in specials):
+                    key = f"SWIFTPLAIN{nonce}N{i}E"
+                    plain[key] = content
+                    m = {**m, "content": key}
+                masked.append(m)
+            messages = masked
+        text, _ = self.render(messages, add_generation_prompt=True, tools=tools)
+        if not plain and not (specials and any(s in continuation for s in specials)):
+            return self._tokenize(text + continuation)[0]
+        ids, pos = [], 0
+        for key, content in plain.items():  # placeholders appear in message order
+            at = text.find(key, pos)
+            if at < 0:
+                raise RowError(f"the {self.name} template dropped a message's content, so its control-token text "
+                               "cannot be encoded as plain text")
+            ids += self._tokenize(text[pos:at])[0] + self._tokenize(content, split=True)[0]
+            pos = at + len(key)
+        if specials and any(s in continuation for s in specials):
+            return ids + self._tokenize(text[pos:])[0] + self._tokenize(continuation, split=True)[0]
+        return ids + self._tokenize(text[pos:] + continuation)[0]
+
+    def _special_texts(self) -> tuple[str, ...]:
+        """The text of every special (control) token the tokenizer recognises in input text."""
+        return tuple(t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special and t.content)
 
     def _encode_text(self, text: str) -> Encoded:
         ids = self._tokenize(text)[0] + [self.tokenizer.eos_token_id]
         return Encoded(ids, list(ids))
 
-    def _tokenize(self, text: str) -> tuple[list[int], list[int]]:
-        out = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    def _tokenize(self, text: str, split: bool = False) -> tuple[list[int], list[int]]:
+        if not text:
+            return [], []
+        out = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=split)
         return list(out["input_ids"]), [s for s, _ in out["offset_mapping"]]
 
     def _truncate(self, enc: Encoded) -> Encoded:
