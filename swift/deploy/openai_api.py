@@ -6,55 +6,14 @@ import uuid
 from typing import Any
 
 from swift.infer.protocol import Choice, InferRequest, InferResponse, RequestConfig, StreamDelta, TokenLogprob
+from swift.serving.errors import RequestError
+from swift.serving.fields import chat_messages, checked_stop, flag, integer, number
 from swift.utils.registry import SwiftError
-
-
-class RequestError(SwiftError):
-    """A bad request; the server answers with `status` and an OpenAI-style error body."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
-        super().__init__(message)
-        self.param, self.status, self.code = param, status, code
-
-    def body(self) -> dict:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
-
-
-def _number(body: dict, key: str, default, cast):
-    value = body.get(key)
-    if value is None:
-        return default
-    try:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError
-        return cast(value)
-    except (TypeError, ValueError, OverflowError):
-        raise RequestError(f"'{key}' must be {'an integer' if cast is _integer else 'a number'}", key) from None
-
-
-def _integer(value) -> int:
-    """An integer, or a float with an integral value (JSON has one number type); never 1.7 → 1."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not isinstance(value, int):
-        raise ValueError
-    return value
-
-
-def _flag(body: dict, key: str) -> bool:
-    value = body.get(key)
-    if value is None:
-        return False
-    if not isinstance(value, bool):  # "false" is a string, not false
-        raise RequestError(f"'{key}' must be true or false", key)
-    return value
 
 
 # OpenAI fields this server does not implement: a request that sets one to anything but its neutral
 # value gets 400 naming it, rather than an answer that silently ignores it
-NOT_IMPLEMENTED = {"logit_bias": lambda v: not v, "presence_penalty": lambda v: v == 0,
-                   "frequency_penalty": lambda v: v == 0, "logit_bias_type": lambda v: v is None,
+NOT_IMPLEMENTED = {"logit_bias_type": lambda v: v is None,
                    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
                    "tool_choice": lambda v: v in ("none", "auto"), "best_of": lambda v: v in (None, 1),
                    "suffix": lambda v: not v}
@@ -76,22 +35,35 @@ def check_fields(body: dict) -> None:
             raise RequestError("'stream_options' takes {\"include_usage\": true|false} only", "stream_options")
 
 
+def logit_bias(body: dict) -> dict[int, float] | None:
+    """OpenAI's `logit_bias`: {"token id": bias} with string keys (JSON object keys), biases in
+    [-100, 100]; token ids are checked against the vocabulary with the prompt."""
+    value = body.get("logit_bias")
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError("'logit_bias' must be an object mapping token ids to numbers", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = integer(int(key)) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else None
+        except ValueError:
+            token = None
+        if token is None or isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise RequestError(f"'logit_bias' entry {key!r}: keys are token ids, values numbers", "logit_bias")
+        out[token] = float(bias)
+    return out
+
+
 def request_config(body: dict, chat: bool) -> RequestConfig:
     check_fields(body)
-    stop = body.get("stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise RequestError("'stop' must be a string or a list of strings", "stop")
-    if any(not s for s in stop):
-        raise RequestError("'stop' strings must not be empty (an empty one would stop before the first token)",
-                           "stop")
+    stop = checked_stop(body)
     prompt_logprobs = None
     if chat:
-        logprobs = _flag(body, "logprobs")
-        top = _number(body, "top_logprobs", 0, _integer)
+        logprobs = flag(body, "logprobs")
+        top = number(body, "top_logprobs", 0, integer)
     else:  # the completions API takes the number of alternatives in `logprobs`
-        top = _number(body, "logprobs", None, _integer)
+        top = number(body, "logprobs", None, integer)
         logprobs, top = top is not None, top or 0
         if not isinstance(body.get("echo", False), bool):
             raise RequestError("'echo' must be true or false", "echo")
@@ -102,12 +74,14 @@ def request_config(body: dict, chat: bool) -> RequestConfig:
         prompt_logprobs = 0  # nothing to generate: the engine only reads the prompt
     try:
         return RequestConfig(
-            max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", 256, _integer),
-            temperature=_number(body, "temperature", 1.0, float),
-            top_p=_number(body, "top_p", 1.0, float),
-            top_k=max(_number(body, "top_k", 0, _integer), 0),
-            repetition_penalty=_number(body, "repetition_penalty", 1.0, float),
-            n=_number(body, "n", 1, _integer), seed=_number(body, "seed", None, _integer), stop=stop,
+            max_tokens=number({"max_tokens": max_tokens}, "max_tokens", 256, integer),
+            temperature=number(body, "temperature", 1.0, float),
+            top_p=number(body, "top_p", 1.0, float),
+            top_k=max(number(body, "top_k", 0, integer), 0),
+            repetition_penalty=number(body, "repetition_penalty", 1.0, float),
+            presence_penalty=number(body, "presence_penalty", 0.0, float),
+            frequency_penalty=number(body, "frequency_penalty", 0.0, float), logit_bias=logit_bias(body),
+            n=number(body, "n", 1, integer), seed=number(body, "seed", None, integer), stop=stop,
             logprobs=logprobs, top_logprobs=top, prompt_logprobs=prompt_logprobs)
     except RequestError:
         raise
@@ -116,25 +90,7 @@ def request_config(body: dict, chat: bool) -> RequestConfig:
 
 
 def chat_request(body: dict, adapter: str | None) -> InferRequest:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty list", "messages")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-            raise RequestError(f"messages[{i}] needs a role of system, developer, user, assistant or tool", "messages")
-        content = m.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}]
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise RequestError(f"messages[{i}].content[{j}] is a {kind!r} part; this model takes text parts "
-                                       "only", "messages")
-            content = "".join(part["text"] for part in content)
-        if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content must be a string", "messages")
-        # OpenAI's `developer` role is the system prompt of models without a role of that name
-        clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    clean = chat_messages(body.get("messages"))
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise RequestError("'tools' must be a list of objects", "tools")

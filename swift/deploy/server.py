@@ -6,23 +6,19 @@ import json
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import StreamingResponse
 
 from swift.deploy import openai_api as api
-from swift.deploy.guard import Guard, ServingLimits, read_body, timed_out
-from swift.deploy.openai_api import RequestError
 from swift.infer.protocol import InferRequest, RequestConfig
 from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
+from swift.serving.errors import RequestError, add_error_handlers, error, internal_error
+from swift.serving.guard import Guard, ServingLimits, read_body, timed_out
+from swift.serving.jobs import ClientGone, while_client_waits
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
-
-
-def error(e: RequestError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
 
 
 async def sse(engine: TransformersEngine, infer_request, config, model: str, chat: bool, timeout: float,
@@ -60,19 +56,10 @@ async def sse(engine: TransformersEngine, infer_request, config, model: str, cha
     except SwiftError as e:
         yield f"data: {json.dumps(RequestError(str(e)).body())}\n\n"
     except Exception as e:  # the client already has a 200: the error travels in the stream
-        logger.exception("stream failed")
-        yield f"data: {json.dumps(RequestError(f'generation failed: {type(e).__name__}: {e}', status=500).body())}\n\n"
+        yield f"data: {json.dumps(internal_error('generation', e).body())}\n\n"
     finally:
         await deltas.aclose()  # frees the request's rows in the engine
     yield "data: [DONE]\n\n"
-
-
-def add_http_error_handler(app: FastAPI) -> None:
-    """Unknown routes and wrong methods answer in the same JSON error shape as everything else."""
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_, e: StarletteHTTPException):
-        return error(RequestError(str(e.detail), status=e.status_code))
 
 
 def guard_of(app: FastAPI) -> Guard:
@@ -93,16 +80,7 @@ def create_app(served_model_name: str, *, engine: TransformersEngine | None = No
     # key and size refusals cost no body read and no route; each request is logged in one line
     app.add_middleware(Guard, limits=limits, log_requests=True)
 
-    @app.exception_handler(RequestError)
-    async def request_error(_, e: RequestError):
-        return error(e)
-
-    @app.exception_handler(Exception)
-    async def server_error(_, e: Exception):
-        logger.error(f"deploy server error: {type(e).__name__}: {e}")
-        return error(RequestError(f"server error: {type(e).__name__}", status=500))
-
-    add_http_error_handler(app)
+    add_error_handlers(app, "the deploy server")
 
     @app.get("/health")
     async def health():
@@ -142,39 +120,6 @@ async def prepared(engine: TransformersEngine, limits: ServingLimits, infer_requ
         config = replace(config, max_tokens=max(min(rest, limits.max_tokens_limit or rest), 1))
     engine.check(prompt, config)
     return InferRequest(input_ids=prompt, adapter=infer_request.adapter), config
-
-
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready."""
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the client disconnects (the body has been read: the next ASGI message is that)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def while_client_waits(request: Request, work, timeout: float):
-    """`work`'s result; cancelled (and so its rows freed between decode steps) when the client
-    disconnects (ClientGone) or after `timeout` seconds (asyncio.TimeoutError)."""
-    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # this handler was cancelled (the Guard's cut-off, shutdown): so is the work
-        task.cancel()
-        raise
-    finally:
-        gone.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except BaseException:  # its cancellation (or an error nobody will read)
-        pass
-    if gone in done:
-        raise ClientGone
-    raise asyncio.TimeoutError
 
 
 def add_generation_routes(app: FastAPI, engine: TransformersEngine | None, models: list[str],

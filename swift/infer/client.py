@@ -29,7 +29,7 @@ def api_base(url: str) -> str:
 class ClientEngine(InferEngine):
     def __init__(self, url: str, *, api_key: str | None = None, model: str | None = None, concurrency: int = 16,
                  timeout: float = 600.0, flag: str = "--eval_url"):
-        from swift.deploy.guard import api_key_from_env
+        from swift.serving.guard import api_key_from_env
 
         # without a key given, the one a swift server would read (SWIFT_API_KEY): off the command line
         self.base, self.api_key, self.timeout, self.flag = api_base(url), api_key or api_key_from_env(), timeout, flag

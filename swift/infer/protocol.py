@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from swift.serving.jobs import POLL, JobControl, JobStopped
 from swift.utils.registry import SwiftError
 
 
@@ -46,6 +47,10 @@ class RequestConfig:
     top_p: float = 1.0
     top_k: int = 0
     repetition_penalty: float = 1.0
+    # OpenAI's penalties, over the tokens generated so far: logit -= presence·[count > 0] + frequency·count
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
     n: int = 1
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
@@ -69,6 +74,11 @@ class RequestConfig:
             (self.seed is None or -2 ** 63 <= self.seed < 2 ** 63 - 2 ** 10, "seed must fit in 63 bits"),
             (1 <= self.n <= 128, "n must be between 1 and 128"),
             (0 <= self.top_logprobs <= 20, "top_logprobs must be between 0 and 20"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be between -2 and 2"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be between -2 and 2"),
+            (self.logit_bias is None or (len(self.logit_bias) <= 300 and all(
+                isinstance(k, int) and k >= 0 and -100 <= v <= 100 for k, v in self.logit_bias.items())),
+             "logit_bias maps at most 300 token ids to values between -100 and 100"),
         ]
         for ok, message in checks:
             if not ok:
@@ -81,12 +91,15 @@ class RequestConfig:
         body: dict = {"temperature": self.temperature, "top_p": self.top_p, "n": self.n}
         optional = {"max_tokens": self.max_tokens if max_tokens else None, "seed": self.seed,
                     "stop": list(self.stop) or None, "top_k": self.top_k or None,
-                    "repetition_penalty": self.repetition_penalty if self.repetition_penalty != 1.0 else None}
+                    "repetition_penalty": self.repetition_penalty if self.repetition_penalty != 1.0 else None,
+                    "presence_penalty": self.presence_penalty or None, "frequency_penalty": self.frequency_penalty or None,
+                    "logit_bias": {str(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None}
         return {**body, **{k: v for k, v in optional.items() if v is not None}}
 
     def batch_key(self) -> tuple:
         """Requests with equal keys can share a decoding batch."""
-        return (self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.logprobs,
+        return (self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.presence_penalty,
+                self.frequency_penalty, tuple(sorted((self.logit_bias or {}).items())), self.logprobs,
                 self.top_logprobs, self.prompt_logprobs, self.max_tokens == 0)
 
 
@@ -161,8 +174,8 @@ class InferEngine(abc.ABC):
     def check(self, prompt: list[int], config: RequestConfig) -> None:
         """Refuse what would fail inside a batch: token ids outside the vocabulary, or a prompt and
         answer longer than the context."""
-        bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or t < 0
-                    or (self.vocab_size is not None and t >= self.vocab_size)), None)
+        bad = next((t for t in [*prompt, *(config.logit_bias or {})] if isinstance(t, bool) or not isinstance(t, int)
+                    or t < 0 or (self.vocab_size is not None and t >= self.vocab_size)), None)
         if bad is not None:
             raise SwiftError(f"token id {bad!r} is not in the vocabulary (0..{(self.vocab_size or 0) - 1})")
         if len(prompt) + config.max_tokens > self.max_model_len:
@@ -196,14 +209,28 @@ class InferEngine(abc.ABC):
         tensors as the engine holds them afterwards, in the given order."""
         raise SwiftError(f"{type(self).__name__} cannot take weights from a trainer")
 
-    def infer(self, requests: list[InferRequest],
-              config: RequestConfig | list[RequestConfig] | None = None) -> list[InferResponse]:
+    def infer(self, requests: list[InferRequest], config: RequestConfig | list[RequestConfig] | None = None,
+              control: JobControl | None = None) -> list[InferResponse]:
         """Generate for many requests at once (they share decoding batches); `config` is one for all
-        or one per request (e.g. each with its own `max_tokens`)."""
+        or one per request (e.g. each with its own `max_tokens`). With `control`, its deadline or
+        cancellation cancels the requests (the engine frees their rows) and raises JobStopped."""
         configs = per_request(config, len(requests))
 
         async def run() -> list[InferResponse]:
-            return list(await asyncio.gather(*(self.infer_async(r, c) for r, c in zip(requests, configs))))
+            work = asyncio.gather(*(self.infer_async(r, c) for r, c in zip(requests, configs)))
+            while control is not None:
+                done, _ = await asyncio.wait({work}, timeout=POLL)
+                if done:
+                    break
+                reason = control.stop_reason()
+                if reason is not None:
+                    work.cancel()
+                    try:
+                        await work
+                    except BaseException:  # noqa: BLE001 - the cancellation itself
+                        pass
+                    raise JobStopped(reason)
+            return list(await work)
 
         return asyncio.run(run())
 

@@ -18,6 +18,26 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: list[list[int]], penalt
     return logits
 
 
+def apply_openai_penalties(logits: torch.Tensor, generated: list[list[int]], presence: float, frequency: float,
+                           bias: dict[int, float] | None) -> torch.Tensor:
+    """OpenAI's `logit_bias` (added to the logits), then its presence and frequency penalties over
+    each row's generated tokens: logit[j] -= presence·[count_j > 0] + frequency·count_j."""
+    if not bias and presence == 0 and frequency == 0:
+        return logits
+    logits = logits.clone()
+    if bias:
+        ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
+        logits[:, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+    if presence or frequency:
+        for row, tokens in enumerate(generated):
+            if not tokens:
+                continue
+            counts = torch.bincount(torch.tensor(tokens, device=logits.device), minlength=logits.size(-1))
+            counts = counts[:logits.size(-1)].to(logits.dtype)
+            logits[row] -= presence * (counts > 0).to(logits.dtype) + frequency * counts
+    return logits
+
+
 def warp(logits: torch.Tensor, cfg: RequestConfig) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) filtering."""
     if cfg.temperature != 1.0:

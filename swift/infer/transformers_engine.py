@@ -23,7 +23,8 @@ from transformers import DynamicCache
 from swift.infer.fast_decode import FastDecoder
 from swift.infer.protocol import (Choice, InferEngine, InferRequest, InferResponse, RequestConfig, StreamDelta,
                                   TokenLogprob, drain, per_request)
-from swift.infer.sampling import apply_repetition_penalty, sample
+from swift.infer.sampling import apply_openai_penalties, apply_repetition_penalty, sample
+from swift.serving.jobs import POLL, JobControl, JobStopped
 from swift.template.base import Template
 from swift.utils.checksum import checksum
 from swift.utils.logging import get_logger
@@ -159,9 +160,11 @@ class TransformersEngine(InferEngine):
             self._wake.notify()
         return job
 
-    def infer(self, requests: list[InferRequest],
-              config: RequestConfig | list[RequestConfig] | None = None) -> list[InferResponse]:
-        """Queue every request at once, so that a batch of rollouts starts decoding together."""
+    def infer(self, requests: list[InferRequest], config: RequestConfig | list[RequestConfig] | None = None,
+              control: JobControl | None = None) -> list[InferResponse]:
+        """Queue every request at once, so that a batch of rollouts starts decoding together. With
+        `control`, its deadline or cancellation drops the requests' rows at the next decode step and
+        raises JobStopped."""
         configs = per_request(config, len(requests))
         prompts = [self.encode(r) for r in requests]
         for prompt, c in zip(prompts, configs):
@@ -179,14 +182,22 @@ class TransformersEngine(InferEngine):
                         done.set()
             return deliver
 
+        jobs = [_Job(prompt, c, request.adapter, deliver_to(i))
+                for i, (request, prompt, c) in enumerate(zip(requests, prompts, configs))]
+        if control is not None:
+            control.check()
         with self._wake:
-            for i, (request, prompt, c) in enumerate(zip(requests, prompts, configs)):
-                self._pending.append(_Job(prompt, c, request.adapter, deliver_to(i)))
+            self._pending.extend(jobs)
             self._wake.notify()
         if self.inline:
             self._drain()
         elif requests:
-            done.wait()
+            while not done.wait(None if control is None else POLL):
+                reason = control.stop_reason()
+                if reason is not None:
+                    for job in jobs:
+                        job.cancelled = True  # the rows leave the batch at the next step
+                    raise JobStopped(reason)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
@@ -351,6 +362,8 @@ class TransformersEngine(InferEngine):
         scored = logits
         if cfg.repetition_penalty != 1.0:
             scored = apply_repetition_penalty(logits, [r.job.prompt + r.tokens for r in rows], cfg.repetition_penalty)
+        scored = apply_openai_penalties(scored, [r.tokens for r in rows], cfg.presence_penalty, cfg.frequency_penalty,
+                                        cfg.logit_bias)
         next_tokens = sample(scored, cfg, [r.generator for r in rows])
         logprobs = None
         if cfg.logprobs:

@@ -121,7 +121,9 @@ class VllmEngine(InferEngine):
     def _params(self, config: RequestConfig):
         return self._sampling_cls(
             n=config.n, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k or -1,
-            repetition_penalty=config.repetition_penalty, max_tokens=max(config.max_tokens, 1), seed=config.seed,
+            repetition_penalty=config.repetition_penalty, presence_penalty=config.presence_penalty,
+            frequency_penalty=config.frequency_penalty, logit_bias=config.logit_bias,
+            max_tokens=max(config.max_tokens, 1), seed=config.seed,
             stop=list(config.stop) or None, logprobs=config.top_logprobs if config.logprobs else None,
             prompt_logprobs=config.prompt_logprobs)
 

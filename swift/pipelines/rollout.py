@@ -9,7 +9,7 @@ from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import TemplateArguments
-from swift.deploy.guard import ServingLimits, warn_if_open
+from swift.serving.guard import ServingLimits, warn_if_open
 from swift.pipelines.base import resolve_args
 from swift.utils.registry import SwiftError
 

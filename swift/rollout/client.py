@@ -12,7 +12,7 @@ from dataclasses import asdict, fields
 import requests
 import torch
 
-from swift.deploy.guard import api_key_from_env
+from swift.serving.guard import api_key_from_env
 from swift.infer.protocol import RequestConfig
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory

@@ -9,8 +9,12 @@ from typing import Any
 
 from swift.infer.protocol import InferEngine, InferRequest, RequestConfig
 from swift.rollout.multi_turn import MultiTurnScheduler, RolloutInferRequest
+from swift.serving.jobs import JobControl
 from swift.template.base import Template
+from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -36,10 +40,17 @@ def _logprobs(choice) -> list[float]:
     return values + [float("nan")] * (len(choice.sampled_token_ids()) - len(values))
 
 
+def _infer(engine: InferEngine, requests: list[InferRequest], config, control: JobControl | None):
+    """engine.infer, under the job's deadline and cancel flag when it has them."""
+    if control is None:
+        return engine.infer(requests, config)
+    return engine.infer(requests, config, control=control)
+
+
 def single_turn(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
-                n: int) -> list[Trajectory]:
+                n: int, control: JobControl | None = None) -> list[Trajectory]:
     prompts = [template.encode_continuation(r.messages) for r in requests]
-    responses = engine.infer([InferRequest(input_ids=p) for p in prompts], replace(config, n=n))
+    responses = _infer(engine, [InferRequest(input_ids=p) for p in prompts], replace(config, n=n), control)
     out = []
     for request, prompt, response in zip(requests, prompts, responses):
         for choice in response.choices:
@@ -53,7 +64,8 @@ def single_turn(engine: InferEngine, template: Template, requests: list[RolloutI
 
 
 def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
-               n: int, scheduler: MultiTurnScheduler, max_completion_length: int) -> list[Trajectory]:
+               n: int, scheduler: MultiTurnScheduler, max_completion_length: int,
+               control: JobControl | None = None) -> list[Trajectory]:
     """Every trajectory advances one turn per engine call (all active ones batched together), each
     within its own remaining token budget. The scheduler's state for a trajectory is released when
     the rollout ends, however the trajectory ended."""
@@ -61,14 +73,15 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
     for state in states:
         state.uid = uuid.uuid4().hex  # n copies of one request are n trajectories
     try:
-        return _multi_turn(engine, template, states, config, scheduler, max_completion_length)
+        return _multi_turn(engine, template, states, config, scheduler, max_completion_length, control)
     finally:
         for state in states:
             scheduler.release(state)
 
 
 def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInferRequest], config: RequestConfig,
-                scheduler: MultiTurnScheduler, max_completion_length: int) -> list[Trajectory]:
+                scheduler: MultiTurnScheduler, max_completion_length: int,
+                control: JobControl | None) -> list[Trajectory]:
     ids = [template.encode_continuation(s.messages) for s in states]
     prompt_len = [len(x) for x in ids]
     masks: list[list[int]] = [[] for _ in states]
@@ -87,10 +100,11 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
         if not active:
             break
         # each trajectory's turn is limited by its own remaining budget, and draws from its own seed
-        responses = engine.infer(
-            [InferRequest(input_ids=ids[i]) for i in active],
+        responses = _infer(
+            engine, [InferRequest(input_ids=ids[i]) for i in active],
             [replace(config, n=1, max_tokens=min(config.max_tokens, budget[i]),
-                     seed=None if seed is None else (seed + i * 7919 + turns[i] * 104729) % 2 ** 31) for i in active])
+                     seed=None if seed is None else (seed + i * 7919 + turns[i] * 104729) % 2 ** 31) for i in active],
+            control)
         still = []
         for i, response in zip(active, responses):
             choice = response.choices[0]
@@ -105,9 +119,16 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
             else:
                 state.messages.append({"role": "assistant", "content": choice.text})
             texts[i], truncated[i] = state.messages[-1]["content"], choice.finish_reason == "length"
-            if scheduler.check_finished(state, choice, turns[i]):
+            try:
+                if scheduler.check_finished(state, choice, turns[i]):
+                    continue
+                state = scheduler.step(state, choice, turns[i])["infer_request"]
+            except Exception as e:  # noqa: BLE001 - this trajectory's environment failed; the others go on
+                logger.error(f"multi-turn scheduler {type(scheduler).__name__} failed on a trajectory after turn "
+                             f"{turns[i]}; it ends there: {type(e).__name__}: {e}", exc_info=e)
+                state.rollout_infos["rollout_error"] = type(e).__name__
+                truncated[i] = True
                 continue
-            state = scheduler.step(state, choice, turns[i])["infer_request"]
             if state is not states[i]:  # a scheduler that hands back a new request keeps the trajectory's identity
                 state.uid = states[i].uid
             states[i] = state
@@ -147,11 +168,14 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def rollout(engine: InferEngine, template: Template, requests: list[RolloutInferRequest], config: RequestConfig,
-            n: int, *, scheduler: MultiTurnScheduler | None = None, max_completion_length: int = 512) -> list[Trajectory]:
+            n: int, *, scheduler: MultiTurnScheduler | None = None, max_completion_length: int = 512,
+            control: JobControl | None = None) -> list[Trajectory]:
     """n trajectories per request, request-major. An engine that runs whole rollouts itself (a
-    `swift rollout` server, whose scheduler runs server-side) is handed the requests as they are."""
+    `swift rollout` server, whose scheduler runs server-side) is handed the requests as they are.
+    `control` (a rollout server's job): its deadline or cancellation stops the rollout between
+    decode steps with JobStopped."""
     if hasattr(engine, "rollout"):
         return engine.rollout(requests, config, n, max_completion_length=max_completion_length)
     if scheduler is None:
-        return single_turn(engine, template, requests, config, n)
-    return multi_turn(engine, template, requests, config, n, scheduler, max_completion_length)
+        return single_turn(engine, template, requests, config, n, control)
+    return multi_turn(engine, template, requests, config, n, scheduler, max_completion_length, control)

@@ -14,7 +14,9 @@ import concurrent.futures
 import itertools
 import multiprocessing
 import os
+import queue
 import threading
+import time
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -22,9 +24,6 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from swift.deploy.guard import Guard, ServingLimits, read_body, timed_out
-from swift.deploy.openai_api import RequestError
-from swift.deploy.server import add_http_error_handler
 from swift.infer.factory import build_vllm_engine, load_for_serving
 from swift.infer.protocol import InferRequest, RequestConfig
 from swift.infer.transformers_engine import TransformersEngine
@@ -32,15 +31,20 @@ from swift.rollout.multi_turn import RolloutInferRequest, build_scheduler
 from swift.rollout.runner import rollout
 from swift.rollout.sync_routes import add_weight_sync_routes
 from swift.rollout.weight_sync import WeightGroup, parse_dtype, unflatten
+from swift.serving.errors import RequestError, add_error_handlers, internal_error
+from swift.serving.fields import chat_messages, checked_stop, flag, integer, number
+from swift.serving.guard import Guard, ServingLimits, read_body, timed_out
+from swift.serving.jobs import ClientGone, JobControl, JobStopped, while_client_waits
 from swift.utils.logging import get_logger
 from swift.utils.plugins import import_plugin
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 
-# request_config fields a client may set, with the JSON types each accepts
-CONFIG_TYPES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "repetition_penalty": float,
-                "n": int, "seed": int, "stop": list, "logprobs": bool, "top_logprobs": int}
+# request_config fields a client may set, each read as the deploy server reads it
+CONFIG_FIELDS = {"max_tokens": integer, "temperature": float, "top_p": float, "top_k": integer,
+                 "repetition_penalty": float, "n": integer, "seed": integer, "stop": list, "logprobs": bool,
+                 "top_logprobs": integer}
 
 
 # -- the worker process ----------------------------------------------------------------------------
@@ -66,7 +70,8 @@ class _Worker:
         self.engine = _build_engine(args, rank)
         self.scheduler = build_scheduler(args.multi_turn_scheduler, args.max_turns, env=args.gym_env)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.group = None
+        self.group: WeightGroup | None = None
+        self.forming: concurrent.futures.Future | None = None  # the group of /init_communicator/, forming
 
     def info(self) -> dict:
         model = getattr(self.engine, "model", None)
@@ -79,7 +84,8 @@ class _Worker:
                 "cuda": torch.cuda.is_available(), "vocab_size": self.engine.vocab_size,
                 "max_model_len": self.engine.max_model_len}
 
-    def infer(self, requests: list[dict], config: dict, n: int, max_completion_length: int | None) -> list[dict]:
+    def infer(self, requests: list[dict], config: dict, n: int, max_completion_length: int | None,
+              control: JobControl) -> list[dict]:
         cfg = RequestConfig(**config)
         requests = [RolloutInferRequest(**r) for r in requests]
         first_turn = cfg if self.scheduler is None else replace(  # a multi-turn turn fits its budget
@@ -93,7 +99,7 @@ class _Worker:
                 raise SwiftError(f"infer_requests[{i}]: {e}") from None
         trajectories = rollout(self.engine, self.engine.template, requests, cfg, n,
                                scheduler=self.scheduler,
-                               max_completion_length=max_completion_length or cfg.max_tokens)
+                               max_completion_length=max_completion_length or cfg.max_tokens, control=control)
         out = []
         for t in trajectories:
             d = asdict(t)
@@ -105,9 +111,9 @@ class _Worker:
             out.append(d)
         return out
 
-    def generate(self, prompts: list, config: dict) -> dict:
+    def generate(self, prompts: list, config: dict, control: JobControl) -> dict:
         requests = [InferRequest(input_ids=p) if isinstance(p, list) else InferRequest(prompt=p) for p in prompts]
-        responses = self.engine.infer(requests, RequestConfig(**config))
+        responses = self.engine.infer(requests, RequestConfig(**config), control=control)
         # as TRL's server: every sampled token, the end token included, each with its log-prob
         return {"prompt_ids": [self.engine.encode(r) for r in requests],
                 "completion_ids": [c.sampled_token_ids() for r in responses for c in r.choices],
@@ -115,10 +121,26 @@ class _Worker:
                                                                         else []) for r in responses for c in r.choices]}
 
     def init_communicator(self, host: str, port: int, world_size: int, timeout: float) -> None:
-        self.group = WeightGroup(host, port, self.rank, world_size, timeout, self.device)
+        """Form the group in a thread of its own: generation goes on while the trainer joins (or
+        never does); the first bucket waits for it."""
+        self.close_communicator()
+        forming: concurrent.futures.Future = concurrent.futures.Future()
+
+        def form():
+            try:
+                forming.set_result(WeightGroup(host, port, self.rank, world_size, timeout, self.device))
+            except BaseException as e:  # noqa: BLE001 - reported to the first bucket
+                logger.error(f"worker {self.rank}: {e}")
+                forming.set_exception(e)
+
+        threading.Thread(target=form, daemon=True, name=f"swift-rollout-sync-{self.rank}").start()
+        self.forming = forming
 
     def receive(self, metadatas: list[dict]) -> int:
         """One bucket: receive the flat tensor, load it into the engine, report its checksum."""
+        if self.group is None and self.forming is not None:
+            forming, self.forming = self.forming, None
+            self.group = forming.result()  # raises what forming the group raised
         if self.group is None:
             raise RuntimeError("no communicator: the trainer must call /init_communicator/ first")
         try:
@@ -134,14 +156,20 @@ class _Worker:
     def close_communicator(self) -> None:
         if self.group is not None:
             self.group.close()
-        self.group = None
+        self.group = self.forming = None  # a group still forming is dropped when it forms or times out
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
 
+JOBS = frozenset({"infer", "generate"})  # the commands that run engine jobs (a deadline, and cancellable)
+
+
 def worker_main(args, rank: int, connection) -> None:
-    """Entry point of a worker process: build the engine, report ready, then serve commands."""
+    """Entry point of a worker process: build the engine, report ready, then serve commands in
+    order. A reader thread takes messages off the pipe, so a cancel message reaches a job while it
+    runs (it is checked between decode steps), and a job whose deadline passed while it waited is
+    answered without running."""
     if not torch.cuda.is_available():  # share the CPU between the workers
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.data_parallel_size))
     try:
@@ -150,20 +178,59 @@ def worker_main(args, rank: int, connection) -> None:
     except Exception as e:
         connection.send(("ready", f"{type(e).__name__}: {e}", None))
         return
+    commands: queue.Queue = queue.Queue()
+    controls: dict = {}  # cid -> JobControl of the jobs queued or running
+    lock = threading.Lock()
+
+    def read():
+        while True:
+            try:
+                cid, method, kwargs, deadline = connection.recv()
+            except (EOFError, OSError, KeyboardInterrupt):
+                commands.put(None)
+                return
+            if method == "cancel":
+                with lock:
+                    control = controls.get(cid)
+                if control is not None:
+                    control.cancelled.set()
+                continue
+            if method in JOBS:
+                with lock:
+                    controls[cid] = JobControl(deadline)
+            commands.put((cid, method, kwargs))
+            if method == "shutdown":
+                return
+
+    threading.Thread(target=read, daemon=True, name=f"swift-rollout-pipe-{rank}").start()
+    send_lock = threading.Lock()
+
+    def answer(cid, err, result):
+        with send_lock:
+            connection.send((cid, err, result))
+
     while True:
-        try:
-            cid, method, kwargs = connection.recv()
-        except (EOFError, KeyboardInterrupt):
+        item = commands.get()
+        if item is None or item[1] == "shutdown":
             break
-        if method == "shutdown":
-            break
+        cid, method, kwargs = item
+        with lock:
+            control = controls.get(cid)
         try:
-            connection.send((cid, None, getattr(worker, method)(**kwargs)))
+            if control is not None:
+                control.check()  # stopped while it waited: nothing runs
+                kwargs = {**kwargs, "control": control}
+            answer(cid, None, getattr(worker, method)(**kwargs))
+        except JobStopped as e:  # its client left or its time is up: the rows were freed
+            answer(cid, ("stopped", e.reason), None)
         except SwiftError as e:  # the request's fault: the server answers 400
-            connection.send((cid, ("bad_request", str(e)), None))
+            answer(cid, ("bad_request", str(e)), None)
         except Exception as e:
-            logger.exception(f"worker {rank}: {method} failed")
-            connection.send((cid, ("error", f"{type(e).__name__}: {e}"), None))
+            incident = internal_error(f"rollout worker {rank}: {method}", e)  # logged here, in full
+            answer(cid, ("error", str(incident)), None)
+        finally:
+            with lock:
+                controls.pop(cid, None)
     worker.engine.close()
 
 
@@ -197,28 +264,41 @@ class WorkerHandle:
                 future.set_result(result)
             else:
                 kind, message = err if isinstance(err, tuple) else ("error", err)
-                future.set_exception(RequestError(message) if kind == "bad_request" else RuntimeError(message))
+                future.set_exception(JobStopped(message) if kind == "stopped" else RequestError(
+                    message, status=400 if kind == "bad_request" else 500,
+                    code=None if kind == "bad_request" else "internal_error"))
         self.alive = False
         for future in list(self._futures.values()):
             future.set_exception(RuntimeError(f"rollout worker {self.rank} exited"))
         self._futures.clear()
 
-    def call(self, method: str, **kwargs) -> concurrent.futures.Future:
+    def call(self, method: str, deadline: float | None = None, **kwargs) -> concurrent.futures.Future:
+        """Send a command; its future (with `.cid`, the id a cancel message names). `deadline`
+        (time.time() seconds) bounds an engine job."""
         future: concurrent.futures.Future = concurrent.futures.Future()
+        future.cid = cid = next(self._ids)
         if not self.alive:
             future.set_exception(RuntimeError(f"rollout worker {self.rank} exited"))
             return future
-        cid = next(self._ids)
         self._futures[cid] = future
         with self._send_lock:
-            self.connection.send((cid, method, kwargs))
+            self.connection.send((cid, method, kwargs, deadline))
         return future
+
+    def cancel(self, cid) -> None:
+        """Stop the job `cid` (queued or running); its rows leave the batch at the next decode step."""
+        if self.alive:
+            try:
+                with self._send_lock:
+                    self.connection.send((cid, "cancel", {}, None))
+            except OSError:
+                pass
 
     def stop(self) -> None:
         if self.alive:
             try:
                 with self._send_lock:
-                    self.connection.send((None, "shutdown", {}))
+                    self.connection.send((None, "shutdown", {}, None))
             except OSError:
                 pass
         self.process.join(timeout=30)
@@ -237,6 +317,7 @@ class RolloutServer:
         self.limits: ServingLimits = args.serving_limits
         self.communicator: dict | None = None  # {"host", "port", "token"} of the trainer that holds it
         self.communicator_lock = asyncio.Lock()
+        self.sync_error: str | None = None  # why the last communicator was closed by a failure
 
     def wait_ready(self) -> None:
         infos = []
@@ -257,13 +338,30 @@ class RolloutServer:
     async def all(self, method: str, **kwargs) -> list:
         return await asyncio.gather(*(asyncio.wrap_future(w.call(method, **kwargs)) for w in self.workers))
 
-    async def split(self, method: str, key: str, items: list, **kwargs) -> list:
-        """Contiguous shares of `items` (passed as `key`) to the workers, empty shares skipped;
-        the workers' results in order."""
+    async def job(self, request: Request, method: str, key: str, items: list, **kwargs) -> list:
+        """An engine job split into contiguous shares of `items` (passed as `key`) for the workers,
+        empty shares skipped; the workers' results in order. The job has the request's deadline;
+        a client that leaves, or the deadline, sends every worker a cancel message, which stops its
+        share between decode steps (the requests queued behind it are served on time)."""
+        timeout = self.limits.request_timeout
         size = -(-len(items) // len(self.workers))
         shares = [(w, items[i * size:(i + 1) * size]) for i, w in enumerate(self.workers)]
-        return await asyncio.gather(*(asyncio.wrap_future(w.call(method, **{key: share}, **kwargs))
-                                      for w, share in shares if share))
+        calls = [(w, w.call(method, deadline=time.time() + timeout, **{key: share}, **kwargs))
+                 for w, share in shares if share]
+
+        def cancel():
+            for w, future in calls:
+                if not future.done():
+                    w.cancel(future.cid)
+
+        try:
+            return await while_client_waits(request, asyncio.gather(*(asyncio.wrap_future(f) for _, f in calls)),
+                                            timeout, on_stop=cancel)
+        except ClientGone:
+            raise RequestError("the client closed the connection", status=499, code="client_closed_request") \
+                from None
+        except (asyncio.TimeoutError, JobStopped):
+            raise timed_out(timeout) from None
 
     def fire(self, method: str, **kwargs) -> None:
         """Send to every worker without waiting; a failure closes the communicator it was sent for
@@ -278,6 +376,7 @@ class RolloutServer:
         logger.error(f"weight sync failed: {future.exception()}")
         if self.communicator is not None and self.communicator.get("token") == token:
             self.communicator = None
+            self.sync_error = str(future.exception())
 
 
 def _config(body: dict) -> dict:
@@ -285,16 +384,16 @@ def _config(body: dict) -> dict:
     if not isinstance(raw, dict):
         raise RequestError("request_config must be an object", "request_config")
     config = {}
-    for key, kind in CONFIG_TYPES.items():
-        value = raw.get(key)
-        if value is None:
+    for key, kind in CONFIG_FIELDS.items():
+        if raw.get(key) is None:
             continue
-        ok = isinstance(value, bool) if kind is bool else (
-            not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind))
-        if not ok or (kind is list and not all(isinstance(x, str) for x in value)):
-            what = {int: "an integer", float: "a number", bool: "true or false", list: "a list of strings"}[kind]
-            raise RequestError(f"request_config.{key} must be {what}", f"request_config.{key}")
-        config[key] = value
+        param = f"request_config.{key}"
+        if kind is bool:
+            config[key] = flag(raw, key, param=param)
+        elif kind is list:
+            config[key] = checked_stop(raw, param)
+        else:
+            config[key] = number(raw, key, None, kind, param)
     try:
         RequestConfig(**config)
     except SwiftError as e:
@@ -307,22 +406,7 @@ def create_app(server: RolloutServer) -> FastAPI:
     app = FastAPI(title="swift rollout")
     app.add_middleware(Guard, limits=limits)
 
-    @app.exception_handler(RequestError)
-    async def request_error(_, e: RequestError):
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(Exception)
-    async def server_error(_, e: Exception):
-        logger.error(f"rollout server error: {type(e).__name__}: {e}")
-        return JSONResponse(RequestError(f"rollout server error: {e}", status=500).body(), status_code=500)
-
-    add_http_error_handler(app)
-
-    async def timed(work):
-        try:
-            return await asyncio.wait_for(work, limits.request_timeout)
-        except asyncio.TimeoutError:
-            raise timed_out(limits.request_timeout) from None
+    add_error_handlers(app, "the rollout server")
 
     @app.get("/health/")
     @app.get("/health")
@@ -349,12 +433,9 @@ def create_app(server: RolloutServer) -> FastAPI:
             raise RequestError("infer_requests must be a non-empty list", "infer_requests")
         clean = []
         for i, r in enumerate(requests):
-            messages = r.get("messages") if isinstance(r, dict) else None
-            if not isinstance(messages, list) or not messages or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in messages):
-                raise RequestError(f"infer_requests[{i}].messages must be a non-empty list of "
-                                   "{role, content} objects with string values", "infer_requests")
+            if not isinstance(r, dict):
+                raise RequestError(f"infer_requests[{i}] must be an object", "infer_requests")
+            messages = chat_messages(r.get("messages"), f"infer_requests[{i}].messages")
             data_dict, infos = r.get("data_dict") or {}, r.get("rollout_infos") or {}
             if not isinstance(data_dict, dict) or not isinstance(infos, dict):
                 raise RequestError(f"infer_requests[{i}]: data_dict and rollout_infos must be objects",
@@ -366,8 +447,8 @@ def create_app(server: RolloutServer) -> FastAPI:
         limit = body.get("max_completion_length")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise RequestError("max_completion_length must be a positive integer", "max_completion_length")
-        shares = await timed(server.split("infer", "requests", clean, config=config, n=n,
-                                          max_completion_length=limit))
+        shares = await server.job(request, "infer", "requests", clean, config=config, n=n,
+                                  max_completion_length=limit)
         trajectories = [t for share in shares for t in share]
         return [{"choices": trajectories[i * n:(i + 1) * n]} for i in range(len(clean))]
 
@@ -394,7 +475,7 @@ def create_app(server: RolloutServer) -> FastAPI:
                 if len(p) + cfg.max_tokens > context:
                     raise RequestError(f"prompts[{i}]: {len(p)} tokens + max_tokens {cfg.max_tokens} exceed the "
                                        f"context of {context}", "prompts")
-        shares = await timed(server.split("generate", "prompts", prompts, config=config))
+        shares = await server.job(request, "generate", "prompts", prompts, config=config)
         return {key: [x for share in shares for x in share[key]] for key in ("prompt_ids", "completion_ids",
                                                                              "logprobs")}
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 
-from swift.deploy.guard import read_body
-from swift.deploy.openai_api import RequestError
+from swift.serving.errors import RequestError
+from swift.serving.guard import read_body
 from swift.rollout.weight_sync import validate_metadata
 from swift.utils.logging import get_logger
 
@@ -57,7 +57,9 @@ def add_weight_sync_routes(app: FastAPI, server: RolloutServer) -> None:
     def holder(request: Request) -> None:
         c = server.communicator
         if c is None:
-            raise RequestError("no communicator: call /init_communicator/ first", status=409, code="no_communicator")
+            why = f" (the last one failed: {server.sync_error})" if server.sync_error else ""
+            raise RequestError(f"no communicator: call /init_communicator/ first{why}", status=409,
+                               code="no_communicator")
         token = request.headers.get(SESSION_HEADER, "")
         if not secrets.compare_digest(token.encode(), c["token"].encode()):
             raise RequestError("only the trainer that opened the communicator may use it (missing or wrong "
@@ -90,9 +92,14 @@ def add_weight_sync_routes(app: FastAPI, server: RolloutServer) -> None:
                                    code="communicator_in_use")
             token = secrets.token_urlsafe(32)
             server.communicator = {"host": host, "port": port, "token": token}
-        server.fire("init_communicator", host=host, port=port, world_size=world_size,
-                    timeout=float(timeout or server.args.weight_sync_timeout))
-        return {"message": "initialising communicator", "world_size": world_size, "session_token": token}
+        # capped by the server: a group that never forms gives up within --weight_sync_timeout; it forms
+        # beside generation (in a thread of each worker), so until then requests are served as usual
+        cap = server.args.weight_sync_timeout
+        timeout = min(float(timeout or cap), cap)
+        server.sync_error = None
+        server.fire("init_communicator", host=host, port=port, world_size=world_size, timeout=timeout)
+        return {"message": "initialising communicator", "world_size": world_size, "session_token": token,
+                "timeout": timeout}
 
     async def update(request: Request, metadatas) -> dict:
         holder(request)

@@ -142,7 +142,12 @@ class Rollout:
         columns["response_token_ids"] = [[t for t, m in zip(x.completion_ids, x.loss_mask) if m] for x in trajectories]
         columns["prompt_texts"] = [self.trainer.processing_class.decode(t.prompt_ids) for t in trajectories]
         totals, per_func = self.rewards([t.text for t in trajectories], columns)
-        return torch.tensor(totals, dtype=torch.float32), per_func  # NaN: no function scored the row
+        totals = torch.tensor(totals, dtype=torch.float32)  # NaN: no function scored the row
+        failed = [i for i, t in enumerate(trajectories) if t.rollout_infos.get("rollout_error")]
+        if failed:  # its environment failed mid-rollout: the trajectory is cut, not judged
+            totals[failed] = float("nan")
+            logger.warning(f"{len(failed)} trajectories ended with an environment error; they get no reward")
+        return totals, per_func
 
     def _sample_and_score(self, prompts: list[dict], uses: int, queue, cycle: int):
         a, n = self.a, self.n

@@ -96,9 +96,12 @@ BAD_REQUESTS = [
     ("deploy", "/v1/chat/completions", dict(json=chat(logprobs="no")), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(stream="false")), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(stop=[""])), 400),
-    ("deploy", "/v1/chat/completions", dict(json=chat(logit_bias={"5": 100})), 400),
-    ("deploy", "/v1/chat/completions", dict(json=chat(presence_penalty=0.5)), 400),
-    ("deploy", "/v1/chat/completions", dict(json=chat(frequency_penalty=0.5)), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(logit_bias={"x": 100})), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(logit_bias={"5": 101})), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(logit_bias={"99999999": 1})), 400),  # not in the vocabulary
+    ("deploy", "/v1/chat/completions", dict(json=chat(logit_bias=[5])), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(presence_penalty=2.5)), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(frequency_penalty="0.5")), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(response_format={"type": "json_object"})), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(stream_options={"include_usage": True})), 400),  # no stream
     ("deploy", "/v1/chat/completions", dict(json=chat(stream=True, stream_options={"include_usage": "yes"})), 400),
@@ -255,7 +258,7 @@ def ownership_cases(base, wrong):
 def test_limits_429_and_timeouts():
     """A concurrency cap answers 429, and a request that runs past --request_timeout gets 504 (a
     stream: an error event, then [DONE]); the engine is left with nothing queued or running."""
-    from swift.deploy.guard import ServingLimits
+    from swift.serving.guard import ServingLimits
     from swift.deploy.server import create_app
     from swift.infer.transformers_engine import TransformersEngine
     from swift.template import get_template
@@ -349,7 +352,7 @@ def test_half_sent_bodies_hold_no_slot():
     import http.client
     import socket
 
-    from swift.deploy.guard import ServingLimits
+    from swift.serving.guard import ServingLimits
     from swift.deploy.server import create_app
     from swift.infer.transformers_engine import TransformersEngine
     from swift.template import get_template
@@ -389,7 +392,7 @@ def test_bodies_being_read_are_capped_together():
     import http.client
     import socket
 
-    from swift.deploy.guard import ServingLimits
+    from swift.serving.guard import ServingLimits
     from swift.deploy.server import create_app
     from swift.infer.transformers_engine import TransformersEngine
     from swift.template import get_template
@@ -464,26 +467,39 @@ def test_soak_1000_requests_with_walkaways(deploy_server):
     assert after < 1.10 * before, (before, after)
 
 
-def test_a_rollout_request_past_its_timeout_leaves_the_server_working():
-    """A /generate/ that outlives --request_timeout gets 504; the worker finishes it and drops the
-    result, and the server then answers again (the late result must not break its bookkeeping)."""
-    base, proc = start("rollout", "--model", "builtin:tiny-chat", "--request_timeout", "1", "--external_plugins",
-                       SLOW_DECODE, health="/health/")
-    try:  # 4 rows of up to 240 tokens, each decode step held ≥ 20 ms by the plugin: seconds on any CPU
-        heavy = requests.post(base + "/generate/", json={"prompts": ["1+1=", "2+2="], "n": 2, "max_tokens": 240,
-                                                          "temperature": 1.0, "seed": 0}, timeout=60)
-        assert heavy.status_code == 504 and heavy.json()["error"]["code"] == "timeout"
-        deadline, pause = time.time() + 240, 0.5
-        while True:  # 504s while the worker still runs the abandoned request, then answers
-            light = requests.post(base + "/generate/", json={"prompts": ["1+1="], "max_tokens": 2}, timeout=60)
-            if light.status_code == 200:
-                break
-            assert light.status_code == 504 and time.time() < deadline, light.text
-            # the worker also runs each timed-out light request (nothing cancels them yet): wait longer
-            # each time, so that on a loaded machine they drain instead of piling up behind each other
-            time.sleep(pause)
-            pause = min(2 * pause, 8)
-        assert len(light.json()["completion_ids"]) == 1
+def test_a_rollout_job_stops_at_its_deadline_or_when_its_client_leaves():
+    """A /generate/ or /infer/ that outlives --request_timeout gets 504 and a client that leaves gets
+    nothing, and in both cases the worker stops the job between decode steps: the request queued
+    next is answered on time (before 2026-11-27 the worker ran the abandoned job to its end, ≥ 12 s
+    here, and the requests behind it got 504 too)."""
+    import http.client
+
+    # 240 tokens: ≥ 12 s of decoding on any CPU, as no row ends early
+    env = {**os.environ, "SWIFT_TEST_STEP_SECONDS": "0.05", "SWIFT_TEST_NO_EOS": "1"}
+    base, proc = start("rollout", "--model", "builtin:tiny-chat", "--request_timeout", "3", "--external_plugins",
+                       SLOW_DECODE, "--multi_turn_scheduler", "gym", "--max_turns", "1", health="/health/", env=env)
+    heavy = {"prompts": ["1+1=", "2+2="], "n": 2, "max_tokens": 240, "temperature": 1.0, "seed": 0}
+    light = {"prompts": ["1+1="], "max_tokens": 2}
+
+    def served_on_time():
+        begin = time.time()
+        r = requests.post(base + "/generate/", json=light, timeout=60)
+        assert r.status_code == 200, r.text  # within its own 3 s: nothing of the stopped job is left ahead of it
+        assert len(r.json()["completion_ids"]) == 1 and time.time() - begin < 3
+
+    try:
+        r = requests.post(base + "/generate/", json=heavy, timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        served_on_time()
+        r = requests.post(base + "/infer/", json=infer(max_tokens=240, temperature=1.0), timeout=60)
+        assert r.status_code == 504, r.text  # a multi-turn job stops alike
+        served_on_time()
+        host, port = base.rsplit("/", 1)[1].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/generate/", json.dumps(heavy), {"Content-Type": "application/json"})
+        time.sleep(1.0)  # it is being generated
+        conn.close()  # the client leaves
+        served_on_time()
         assert requests.get(base + "/health/").status_code == 200
     finally:
         stop(proc)

@@ -16,7 +16,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from swift.deploy.openai_api import RequestError
+from swift.serving.errors import RequestError
 from swift.infer.protocol import RequestConfig
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
