@@ -5,6 +5,7 @@ import time
 import uuid
 from typing import Any
 
+from swift.deploy.tools import ToolUse, check_tool_messages, parse_tool_calls
 from swift.infer.protocol import Choice, InferRequest, InferResponse, RequestConfig, StreamDelta, TokenLogprob
 from swift.serving.errors import RequestError
 from swift.serving.fields import chat_messages, checked_stop, flag, integer, number
@@ -15,7 +16,7 @@ from swift.utils.registry import SwiftError
 # value gets 400 naming it, rather than an answer that silently ignores it
 NOT_IMPLEMENTED = {"logit_bias_type": lambda v: v is None,
                    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
-                   "tool_choice": lambda v: v in ("none", "auto"), "best_of": lambda v: v in (None, 1),
+                   "best_of": lambda v: v in (None, 1),
                    "suffix": lambda v: not v}
 
 
@@ -89,12 +90,12 @@ def request_config(body: dict, chat: bool) -> RequestConfig:
         raise RequestError(str(e), str(e).split()[0]) from None
 
 
-def chat_request(body: dict, adapter: str | None) -> InferRequest:
+def chat_request(body: dict, adapter: str | None, use: ToolUse | None = None) -> InferRequest:
+    """The conversation of a chat request, with OpenAI's tool fields carried into it; `use` (from
+    `tools.tool_use`) says which tools the template renders."""
     clean = chat_messages(body.get("messages"))
-    tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise RequestError("'tools' must be a list of objects", "tools")
-    return InferRequest(messages=clean, tools=tools or None, adapter=adapter)
+    check_tool_messages(body["messages"], clean)
+    return InferRequest(messages=clean, tools=(use.tools if use else None) or None, adapter=adapter)
 
 
 def _is_ids(x) -> bool:
@@ -143,12 +144,20 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def chat_response(model: str, response: InferResponse) -> dict[str, Any]:
+def chat_response(model: str, response: InferResponse, use: ToolUse | None = None) -> dict[str, Any]:
+    choices = []
+    for c in response.choices:
+        message, finish = {"role": "assistant", "content": c.text}, c.finish_reason
+        if use is not None and use.parse:  # the model's <tool_call> blocks become tool_calls
+            content, calls = parse_tool_calls(use.prefix + c.text)
+            if calls:
+                message, finish = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            else:  # what the model wrote, the forced start of a call included
+                message["content"] = use.prefix + c.text
+        choices.append({"index": c.index, "message": message, "logprobs": _chat_logprobs(c.logprobs),
+                        "finish_reason": finish, "token_ids": c.token_ids})
     return {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                         "logprobs": _chat_logprobs(c.logprobs), "finish_reason": c.finish_reason,
-                         "token_ids": c.token_ids} for c in response.choices],
-            "usage": response.usage}
+            "choices": choices, "usage": response.usage}
 
 
 def _echoed_logprobs(prompt: list[TokenLogprob], choice: list[TokenLogprob] | None, top: int) -> dict:
@@ -198,6 +207,13 @@ def chat_chunk(cid: str, model: str, delta: StreamDelta, first: bool) -> dict[st
                          "finish_reason": delta.finish_reason}]}
 
 
+def tool_call_chunk(cid: str, model: str, index: int, calls: list[dict]) -> dict[str, Any]:
+    """A stream chunk carrying a choice's parsed tool calls (each whole: id, name and arguments)."""
+    return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": index, "delta": {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]},
+                         "logprobs": None, "finish_reason": None}]}
+
+
 def usage_chunk(cid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     """The last chunk of a stream with `stream_options.include_usage`: no choices, the token counts."""
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
@@ -213,4 +229,4 @@ def completion_chunk(cid: str, model: str, delta: StreamDelta) -> dict[str, Any]
 
 
 __all__ = ["Choice", "RequestError", "chat_chunk", "chat_request", "chat_response", "completion_chunk",
-           "completion_requests", "completion_response", "new_id", "request_config", "usage_chunk"]
+           "completion_requests", "completion_response", "new_id", "request_config", "tool_call_chunk", "usage_chunk"]

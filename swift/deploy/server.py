@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from swift.deploy import openai_api as api
+from swift.deploy.tools import OPEN, ToolUse, held_back, parse_tool_calls, tool_use
 from swift.infer.protocol import InferRequest, RequestConfig
 from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
@@ -21,17 +22,52 @@ from swift.utils.registry import SwiftError
 logger = get_logger(__name__)
 
 
+class _ToolStream:
+    """Per choice of a stream with tool calling: text before a `<tool_call>` streams as content (a
+    possible start of one is held until the next piece), a call is kept until the choice ends and
+    then sent whole, as one `tool_calls` delta, before the finish with reason `tool_calls`."""
+
+    def __init__(self, use: ToolUse):
+        self.use = use
+        self.text: dict[int, str] = {}  # index -> the answer so far, forced prefix included
+        self.sent: dict[int, int] = {}  # index -> characters streamed as content
+
+    def pieces(self, cid: str, model: str, delta, first: bool) -> list[dict]:
+        """The chunks for one delta."""
+        i = delta.index
+        text = self.text[i] = self.text.get(i, self.use.prefix) + delta.text
+        sent = self.sent.get(i, 0)
+        at = text.find(OPEN, sent)
+        end = len(text) if delta.finish_reason else (at if at >= 0 else len(text) - held_back(text))
+        out, calls = [], []
+        if delta.finish_reason:
+            content, calls = parse_tool_calls(text[sent:])
+            if calls:
+                end = sent + len(text[sent:].split(OPEN)[0].rstrip())  # what is left before the first call
+        piece = replace(delta, text=text[sent:max(end, sent)], finish_reason=None if calls else delta.finish_reason)
+        self.sent[i] = max(end, sent)
+        if piece.text or piece.logprobs or piece.finish_reason or first:
+            out.append(api.chat_chunk(cid, model, piece, first))
+        if calls:
+            out.append(api.tool_call_chunk(cid, model, i, calls))
+            out.append(api.chat_chunk(cid, model, replace(delta, text="", token_ids=[], logprobs=None,
+                                                          finish_reason="tool_calls"), False))
+        return out
+
+
 async def sse(engine: TransformersEngine, infer_request, config, model: str, chat: bool, timeout: float,
-              include_usage: bool = False):
+              include_usage: bool = False, use: ToolUse | None = None):
     """Server-sent events: one chunk per streamed piece, then `data: [DONE]`. Whatever goes wrong
     (a bad request found late, an engine error, the request timeout), the stream ends with an
     error event and `[DONE]`. `include_usage` (OpenAI's `stream_options`): every chunk carries
-    `usage: null` and a last chunk without choices carries the request's token counts."""
+    `usage: null` and a last chunk without choices carries the request's token counts. With tool
+    calling (`use.parse`), calls are sent as `tool_calls` deltas (`_ToolStream`)."""
     cid = api.new_id("chatcmpl" if chat else "cmpl")
     first = set()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     deltas = engine.stream_async(infer_request, config)
+    tools = _ToolStream(use) if chat and use is not None and use.parse else None
     completion_tokens = 0
     try:
         while True:
@@ -39,15 +75,19 @@ async def sse(engine: TransformersEngine, infer_request, config, model: str, cha
                 delta = await asyncio.wait_for(deltas.__anext__(), max(deadline - loop.time(), 0))
             except StopAsyncIteration:
                 break
-            if chat:
-                chunk = api.chat_chunk(cid, model, delta, delta.index not in first)
+            if tools is not None:
+                chunks = tools.pieces(cid, model, delta, delta.index not in first)
+                first.add(delta.index)
+            elif chat:
+                chunks = [api.chat_chunk(cid, model, delta, delta.index not in first)]
                 first.add(delta.index)
             else:
-                chunk = api.completion_chunk(cid, model, delta)
+                chunks = [api.completion_chunk(cid, model, delta)]
             completion_tokens += len(delta.token_ids)
-            if include_usage:
-                chunk["usage"] = None
-            yield f"data: {json.dumps(chunk)}\n\n"
+            for chunk in chunks:
+                if include_usage:
+                    chunk["usage"] = None
+                yield f"data: {json.dumps(chunk)}\n\n"
         if include_usage:
             last = api.usage_chunk(cid, model, chat, len(infer_request.input_ids), completion_tokens)
             yield f"data: {json.dumps(last)}\n\n"
@@ -106,12 +146,23 @@ def pick_adapter(body: dict, models: list[str]) -> str | None:
     return None if model == models[0] else model
 
 
+def _encode(engine: TransformersEngine, infer_request: InferRequest, prefix: str) -> list[int]:
+    if not prefix:
+        return engine.encode(infer_request)
+    # an answer forced to start with `prefix` (tool_choice): generation continues inside it
+    engine.check_text_length([m["content"] for m in infer_request.messages])
+    return engine.template.encode_continuation([*infer_request.messages, {"role": "assistant", "content": prefix}],
+                                               infer_request.tools)
+
+
 async def prepared(engine: TransformersEngine, limits: ServingLimits, infer_request: InferRequest, body: dict,
-                   config: RequestConfig) -> tuple[InferRequest, RequestConfig]:
+                   config: RequestConfig, prefix: str = "") -> tuple[InferRequest, RequestConfig]:
     """The request as token ids with its answer length settled, or a RequestError: everything a
     request can get wrong is found here, before it joins a batch (tokenising runs off the loop)."""
     try:
-        prompt = await asyncio.to_thread(engine.encode, infer_request)
+        prompt = await asyncio.to_thread(_encode, engine, infer_request, prefix)
+    except SwiftError as e:  # e.g. more text than the context can hold, found before tokenising
+        raise RequestError(str(e), "messages" if infer_request.messages is not None else "prompt") from None
     except Exception as e:  # a conversation the chat template cannot render
         raise RequestError(f"the chat template cannot render this request: {type(e).__name__}: {e}",
                            "messages") from None
@@ -133,17 +184,19 @@ def add_generation_routes(app: FastAPI, engine: TransformersEngine | None, model
                 raise RequestError("this server hosts a reward model (--task_type seq_cls); use POST /v1/rewards")
             body = await read_body(request)
             adapter = pick_adapter(body, models)
-            infer_requests = [api.chat_request(body, adapter)] if chat else api.completion_requests(body, adapter)
+            use = tool_use(body) if chat else ToolUse()
+            use.token_aligned(engine.tokenizer)
+            infer_requests = [api.chat_request(body, adapter, use)] if chat else api.completion_requests(body, adapter)
             config = api.request_config(body, chat)
             limits.check(config, rows=config.n * len(infer_requests))
             model = body.get("model") or models[0]
-            jobs = [await prepared(engine, limits, r, body, config) for r in infer_requests]
+            jobs = [await prepared(engine, limits, r, body, config, use.prefix) for r in infer_requests]
             if body.get("stream"):
                 if len(jobs) > 1 or config.prompt_logprobs is not None or (not chat and body.get("echo")):
                     raise RequestError("streaming takes one prompt, without echo or max_tokens 0", "stream")
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return StreamingResponse(sse(engine, *jobs[0], model, chat, limits.request_timeout, include_usage),
-                                         media_type="text/event-stream")
+                return StreamingResponse(sse(engine, *jobs[0], model, chat, limits.request_timeout, include_usage,
+                                             use), media_type="text/event-stream")
             work = asyncio.gather(*(engine.infer_async(r, c) for r, c in jobs))
             results = await while_client_waits(request, work, limits.request_timeout)
         except ClientGone:  # nobody reads the answer; its rows have left the batch
@@ -155,7 +208,7 @@ def add_generation_routes(app: FastAPI, engine: TransformersEngine | None, model
         except asyncio.TimeoutError:
             return error(timed_out(limits.request_timeout))
         if chat:
-            return api.chat_response(model, results[0])
+            return api.chat_response(model, results[0], use)
         echo = [r.prompt if r.prompt is not None else engine.tokenizer.decode(r.input_ids)
                 for r in infer_requests] if body.get("echo") else None
         return api.completion_response(model, results, echo_texts=echo, top=config.top_logprobs,

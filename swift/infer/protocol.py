@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -167,9 +168,26 @@ class InferEngine(abc.ABC):
         """Prompt token ids of a request (conversations get the template's generation prompt)."""
         if request.input_ids is not None:
             return list(request.input_ids)
+        self.check_text_length([request.prompt] if request.prompt is not None else
+                               [m.get("content") for m in request.messages])
         if request.prompt is not None:
             return self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
         return self.template.encode_prompt(request.messages, tools=request.tools)
+
+    def check_text_length(self, texts: list) -> None:
+        """Refuse text that cannot fit the context before tokenising it (a megabyte of text costs
+        seconds to tokenise): a token spells at most `longest_token` characters, so text of more
+        than max_model_len × longest_token characters is more tokens than the context holds."""
+        chars = sum(len(t) for t in texts if isinstance(t, str))
+        if chars > self.max_model_len * self.longest_token:
+            raise SwiftError(f"the prompt's {chars} characters are more than the model's context of "
+                             f"{self.max_model_len} tokens can hold (at most {self.longest_token} characters a token)")
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """Characters in the vocabulary's longest token (byte-level and SentencePiece vocabularies
+        spell a token with at least as many characters as the text it stands for)."""
+        return max((len(t) for t in self.tokenizer.get_vocab()), default=1)
 
     def check(self, prompt: list[int], config: RequestConfig) -> None:
         """Refuse what would fail inside a batch: token ids outside the vocabulary, or a prompt and

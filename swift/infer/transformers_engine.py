@@ -56,6 +56,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     sent: int = 0  # characters already streamed
+    sent_tokens: int = 0  # tokens (and their log-probs) already streamed
     finish: str | None = None
     text: str = ""
     stop_token_id: int | None = None  # the EOS id that ended the row
@@ -469,10 +470,12 @@ class TransformersEngine(InferEngine):
             if row.text.endswith("\ufffd") and not row.finish:  # half of a multi-byte character
                 safe = min(safe, len(row.text) - 1)
             if safe > row.sent or row.finish:
+                # the tokens held back with their text (a possible stop string, half a character) go
+                # out now, each with its log-prob
                 row.job.streamed = True
-                row.job.on_delta(StreamDelta(row.index, row.text[row.sent:safe], [token] if token not in self.eos_ids else [],
-                                             row.finish, row.logprobs[-1:] if cfg.logprobs and token not in self.eos_ids else None))
-                row.sent = safe
+                row.job.on_delta(StreamDelta(row.index, row.text[row.sent:safe], row.tokens[row.sent_tokens:],
+                                             row.finish, (row.logprobs[row.sent_tokens:] or None) if cfg.logprobs else None))
+                row.sent, row.sent_tokens = safe, len(row.tokens)
 
     def _prompt_logprobs(self, logits: torch.Tensor, prompt: list[int], top: int) -> list[TokenLogprob]:
         """Each prompt token's log-prob under the positions before it (`logits`: the prompt's own rows);

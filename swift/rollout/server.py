@@ -92,6 +92,7 @@ class _Worker:
             cfg, max_tokens=min(cfg.max_tokens, max_completion_length or cfg.max_tokens))
         for i, r in enumerate(requests):  # before anything is generated
             try:
+                self.engine.check_text_length([m["content"] for m in r.messages])
                 self.engine.check(self.engine.template.encode_continuation(r.messages), first_turn)
                 if self.scheduler is not None:
                     self.scheduler.check_request(r)

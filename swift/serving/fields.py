@@ -74,6 +74,8 @@ def chat_messages(messages, param: str = "messages") -> list[dict]:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise RequestError(f"{param}[{i}] needs a role of {', '.join(ROLES)}", param)
         content = m.get("content")
+        if content is None and m["role"] == "assistant" and m.get("tool_calls"):
+            content = ""  # an assistant turn that only calls tools
         if isinstance(content, list):  # [{"type": "text", "text": ...}]
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):

@@ -1,7 +1,7 @@
 """`--template jinja`: the tokenizer's own chat template, with loss spans found by prefix rendering."""
 from __future__ import annotations
 
-from swift.template.base import TEMPLATES, Span, Template
+from swift.template.base import TEMPLATES, RowError, Span, Template
 from swift.utils.registry import SwiftError
 
 
@@ -21,6 +21,7 @@ class JinjaTemplate(Template):
     def render(self, messages: list[dict], add_generation_prompt: bool = False,
                tools: list | None = None) -> tuple[str, list[Span]]:
         text = self._apply(messages, add_generation_prompt, tools)
+        self._check_tools_rendered(text, messages, tools)
         spans = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
@@ -34,3 +35,17 @@ class JinjaTemplate(Template):
             end = len(upto.rstrip())  # keep the end-of-turn token, drop the separator after it
             spans.append((len(before), end))
         return text, spans
+
+    def _check_tools_rendered(self, text: str, messages: list[dict], tools: list | None) -> None:
+        """A chat_template without tool support drops tools, calls and results without a word; refuse
+        instead (every tool's and call's name, and every result, must appear in the text)."""
+        names = [(t.get("function", t) or {}).get("name") for t in tools or [] if isinstance(t, dict)]
+        for m in messages:
+            names += [(c.get("function", c) or {}).get("name") for c in m.get("tool_calls") or []
+                      if isinstance(c, dict)]
+        results = [m["content"] for m in messages if m["role"] == "tool" and isinstance(m.get("content"), str)]
+        missing = [x for x in names + results if isinstance(x, str) and x and x not in text]
+        if missing:
+            raise RowError(f"the tokenizer's chat_template does not render tools, tool calls or tool results (it "
+                           f"dropped {missing[0]!r}); pass --template chatml|qwen|qwen2_5|qwen3 (the Hermes tool "
+                           "layout) or a model whose chat_template renders tools")

@@ -101,6 +101,8 @@ BAD_REQUESTS = [
     ("deploy", "/v1/chat/completions", dict(json=chat(logit_bias={"99999999": 1})), 400),  # not in the vocabulary
     ("deploy", "/v1/chat/completions", dict(json=chat(logit_bias=[5])), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(presence_penalty=2.5)), 400),
+    # the tiny model's own chat_template renders no tools: refused, never dropped in silence
+    ("deploy", "/v1/chat/completions", dict(json=chat(tools=[{"type": "function", "function": {"name": "f"}}])), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(frequency_penalty="0.5")), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(response_format={"type": "json_object"})), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(stream_options={"include_usage": True})), 400),  # no stream

@@ -118,6 +118,21 @@ def test_logit_bias_and_penalties_match_a_reference_decode(server, tiny):
                                 logit_bias={7: 100}).choices[0].token_ids == [7, 7, 7]
 
 
+def test_a_stream_carries_every_log_prob_even_when_text_is_held_back(server):
+    """Text is held back while it may still be the start of a stop string (or half a character);
+    its tokens' log-probs go out with it, so the stream carries the same log-probs as the plain
+    answer (before 2026-11-27, 1 of 12 arrived with a long stop string)."""
+    c = client(server)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "12+34="}], max_tokens=12, temperature=0,
+               logprobs=True, stop=["a stop string that never comes"])
+    plain = c.chat.completions.create(**ask)
+    streamed = [t for ch in c.chat.completions.create(**ask, stream=True) if ch.choices and ch.choices[0].logprobs
+                for t in ch.choices[0].logprobs.content]
+    assert len(plain.choices[0].logprobs.content) > 3
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [
+        (t.token, round(t.logprob, 4)) for t in plain.choices[0].logprobs.content]
+
+
 def test_a_client_cannot_forge_a_system_turn(server, tokenizer):
     """Control-token text a client types is plain text to the model: the prompt the server encodes
     holds no control token the template did not write."""

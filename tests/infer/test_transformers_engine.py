@@ -114,6 +114,21 @@ def test_context_overflow_is_a_clear_error(engine):
         RequestConfig(repetition_penalty=float("inf"))
 
 
+def test_text_too_long_for_the_context_is_refused_before_tokenising(engine, monkeypatch):
+    """A prompt of more characters than the context can hold is refused without tokenising it (the
+    tokenizer is never called); one that may fit is tokenised and, if too long, refused as before."""
+    calls = []
+    real = engine.template._tokenize
+    monkeypatch.setattr(engine.template, "_tokenize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    huge = "word " * (512 * engine.longest_token // 5 + 1)  # more characters than 512 tokens can spell
+    with pytest.raises(SwiftError, match="characters are more than the model's context of 512 tokens"):
+        engine.infer([chat(huge)], RequestConfig(max_tokens=4))
+    assert calls == []
+    with pytest.raises(SwiftError, match="exceeds the model's context of 512 tokens"):
+        engine.infer([chat("word " * 600)], RequestConfig(max_tokens=4))  # may fit by characters: tokenised
+    assert calls
+
+
 def test_token_ids_outside_the_vocabulary_are_refused_before_batching(engine):
     vocab = engine.vocab_size
     for bad in ([5, vocab], [5, -1], [5, 2 ** 40]):
