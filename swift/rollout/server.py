@@ -85,7 +85,7 @@ class _Worker:
                 "max_model_len": self.engine.max_model_len}
 
     def infer(self, requests: list[dict], config: dict, n: int, max_completion_length: int | None,
-              control: JobControl) -> list[dict]:
+              control: JobControl | None = None) -> list[dict]:
         cfg = RequestConfig(**config)
         requests = [RolloutInferRequest(**r) for r in requests]
         first_turn = cfg if self.scheduler is None else replace(  # a multi-turn turn fits its budget
@@ -112,7 +112,7 @@ class _Worker:
             out.append(d)
         return out
 
-    def generate(self, prompts: list, config: dict, control: JobControl) -> dict:
+    def generate(self, prompts: list, config: dict, control: JobControl | None = None) -> dict:
         requests = [InferRequest(input_ids=p) if isinstance(p, list) else InferRequest(prompt=p) for p in prompts]
         responses = self.engine.infer(requests, RequestConfig(**config), control=control)
         # as TRL's server: every sampled token, the end token included, each with its log-prob

@@ -505,3 +505,37 @@ def test_a_rollout_job_stops_at_its_deadline_or_when_its_client_leaves():
         assert requests.get(base + "/health/").status_code == 200
     finally:
         stop(proc)
+
+
+def test_a_store_that_is_not_there_does_not_stall_generation():
+    """/init_communicator/ naming a store nobody hosts, with the longest timeout a client may ask:
+    the timeout is capped at --weight_sync_timeout, generation goes on while the workers try to
+    form the group (before 2026-11-27 it answered 504 until the client's timeout ran out), and the
+    failure reaches the holder as a 409 naming it."""
+    from tests.deploy.serving import free_port
+
+    base, proc = start("rollout", "--model", "builtin:tiny-chat", "--api_key", KEY, "--weight_sync_timeout", "3",
+                       health="/health/")
+    try:
+        r = requests.post(base + "/init_communicator/", json={"host": "127.0.0.1", "port": free_port(),
+                                                              "timeout": 3600}, headers=AUTH, timeout=60)
+        assert r.status_code == 200 and r.json()["timeout"] == 3
+        token = {"X-Session-Token": r.json()["session_token"]}
+        begin = time.time()
+        g = requests.post(base + "/generate/", json={"prompts": ["1+1="], "max_tokens": 2}, headers=AUTH, timeout=60)
+        assert g.status_code == 200 and time.time() - begin < 3  # served while the group is forming
+        norm = {"name": "model.norm.weight", "dtype": "float32", "shape": [128]}
+        assert requests.post(base + "/update_named_param/", json=norm, headers={**AUTH, **token},
+                             timeout=60).status_code == 200  # the bucket waits for the group, which fails
+        deadline = time.time() + 60
+        while True:
+            r = requests.post(base + "/reset_prefix_cache/", json={}, headers={**AUTH, **token}, timeout=60)
+            if r.status_code == 409:
+                break
+            assert r.status_code == 200 and time.time() < deadline, r.text
+            time.sleep(0.5)
+        assert "could not form" in r.json()["error"]["message"]
+        g = requests.post(base + "/generate/", json={"prompts": ["1+1="], "max_tokens": 2}, headers=AUTH, timeout=60)
+        assert g.status_code == 200
+    finally:
+        stop(proc)

@@ -233,3 +233,53 @@ def test_a_trajectory_that_outgrows_its_context_is_truncated_alone(tokenizer):
     assert len(long.completion_ids) == len(long.loss_mask)
     assert not short.truncated and short.turns == 2 and short.text == "12"
     assert all(len(p) + m <= 120 for p, m in zip(engine.prompts, engine.max_tokens))
+
+
+def test_an_environment_that_fails_on_one_trajectory_ends_that_trajectory_alone(tokenizer):
+    """The environment raises on the second trajectory's first answer: that trajectory ends there,
+    marked with the error's type, and the other runs its turns (before 2026-11-27 the exception
+    failed the whole rollout call, a 500 for every request of an /infer/)."""
+    template = get_template("chatml", tokenizer)
+
+    class Picky(MultiTurnScheduler):
+        def check_finished(self, infer_request, response_choice, current_turn):
+            if infer_request.data_dict["solution"] == "bad":
+                raise KeyError("the environment lost its state")
+            return super().check_finished(infer_request, response_choice, current_turn)
+
+        def step(self, infer_request, response_choice, current_turn):
+            infer_request.messages.append({"role": "user", "content": "again"})
+            return {"infer_request": infer_request}
+
+    engine = ScriptedEngine(tokenizer, ["1", "2", "3"])
+    requests = [RolloutInferRequest([{"role": "user", "content": "go"}], {"solution": s}) for s in ("ok", "bad")]
+    good, bad = rollout(engine, template, requests, RequestConfig(max_tokens=8), 1, scheduler=Picky(max_turns=2),
+                        max_completion_length=32)
+    assert good.turns == 2 and "rollout_error" not in good.rollout_infos and not good.truncated
+    assert bad.turns == 1 and bad.truncated and bad.rollout_infos["rollout_error"] == "KeyError"
+    assert bad.text == "2" and bad.completion_ids  # what it generated before the failure is kept
+
+
+def test_a_job_stops_between_turns_when_its_control_says_so(tokenizer):
+    """A rollout server's job control (deadline or cancel) stops a multi-turn rollout with
+    JobStopped before the next engine call."""
+    from swift.serving.jobs import JobControl, JobStopped
+
+    template = get_template("chatml", tokenizer)
+    control = JobControl()
+
+    class Stopping(ScriptedEngine):
+        def infer(self, requests, config=None, control=None):
+            if control is not None:
+                control.check()
+            out = super().infer(requests, config)
+            control.cancelled.set()  # cancelled while the first turn ran
+            return out
+
+    engine = Stopping(tokenizer, ["10"] * 8)
+    scheduler = build_scheduler("gym", max_turns=4, env="guess_number")
+    requests = [RolloutInferRequest([{"role": "user", "content": "guess"}], {"solution": "52"})]
+    with pytest.raises(JobStopped, match="cancelled"):
+        rollout(engine, template, requests, RequestConfig(max_tokens=8), 1, scheduler=scheduler,
+                max_completion_length=64, control=control)
+    assert len(engine.prompts) == 1 and len(scheduler._envs) == 0  # one turn ran; its state was released
