@@ -37,6 +37,8 @@ GROUPS = {
     "tests/deploy/test_completions.py": "completions",
     "tests/deploy/test_hostile.py": "hostile",
     "tests/deploy/test_server.py": "deploy_server",
+    "tests/deploy/test_tools.py": "tools",
+    "tests/deploy/test_conformance.py": "conformance",
     "tests/rollout/test_server.py": "rollout_server",
     "tests/eval/test_sample.py": "sample",
     "tests/infer/test_transformers_engine.py": "engine",
