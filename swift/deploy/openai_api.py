@@ -5,10 +5,10 @@ import time
 import uuid
 from typing import Any
 
-from swift.deploy.tools import ToolUse, check_tool_messages, parse_tool_calls
+from swift.deploy.tools import ToolUse, parse_tool_calls
 from swift.infer.protocol import Choice, InferRequest, InferResponse, RequestConfig, StreamDelta, TokenLogprob
 from swift.serving.errors import RequestError
-from swift.serving.fields import chat_messages, checked_stop, flag, integer, number
+from swift.serving.fields import chat_messages, checked_stop, flag, integer, number, tool_messages
 from swift.utils.registry import SwiftError
 
 
@@ -94,7 +94,7 @@ def chat_request(body: dict, adapter: str | None, use: ToolUse | None = None) ->
     """The conversation of a chat request, with OpenAI's tool fields carried into it; `use` (from
     `tools.tool_use`) says which tools the template renders."""
     clean = chat_messages(body.get("messages"))
-    check_tool_messages(body["messages"], clean)
+    tool_messages(body["messages"], clean)
     return InferRequest(messages=clean, tools=(use.tools if use else None) or None, adapter=adapter)
 
 
@@ -150,8 +150,9 @@ def chat_response(model: str, response: InferResponse, use: ToolUse | None = Non
         message, finish = {"role": "assistant", "content": c.text}, c.finish_reason
         if use is not None and use.parse:  # the model's <tool_call> blocks become tool_calls
             content, calls = parse_tool_calls(use.prefix + c.text)
-            if calls:
-                message, finish = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            if calls:  # "tool_calls" when the model ended its turn; an answer cut off stays "length"
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                finish = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
             else:  # what the model wrote, the forced start of a call included
                 message["content"] = use.prefix + c.text
         choices.append({"index": c.index, "message": message, "logprobs": _chat_logprobs(c.logprobs),

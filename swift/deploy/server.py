@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from swift.deploy import openai_api as api
-from swift.deploy.tools import OPEN, ToolUse, held_back, parse_tool_calls, tool_use
+from swift.deploy.tools import BLOCK, OPEN, ToolUse, held_back, parse_tool_calls, tool_use
 from swift.infer.protocol import InferRequest, RequestConfig
 from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
@@ -37,21 +37,25 @@ class _ToolStream:
         i = delta.index
         text = self.text[i] = self.text.get(i, self.use.prefix) + delta.text
         sent = self.sent.get(i, 0)
-        at = text.find(OPEN, sent)
-        end = len(text) if delta.finish_reason else (at if at >= 0 else len(text) - held_back(text))
-        out, calls = [], []
-        if delta.finish_reason:
-            content, calls = parse_tool_calls(text[sent:])
-            if calls:
-                end = sent + len(text[sent:].split(OPEN)[0].rstrip())  # what is left before the first call
-        piece = replace(delta, text=text[sent:max(end, sent)], finish_reason=None if calls else delta.finish_reason)
-        self.sent[i] = max(end, sent)
+        calls, finish = [], delta.finish_reason
+        if finish:
+            _, calls = parse_tool_calls(text[sent:])
+        if calls:  # the text outside the calls, then the calls, then the finish
+            piece_text = BLOCK.sub("", text[sent:]).strip()
+            finish = "tool_calls" if delta.finish_reason == "stop" else delta.finish_reason
+        else:
+            at = text.find(OPEN, sent)
+            end = len(text) if finish else (at if at >= 0 else len(text) - held_back(text))
+            piece_text = text[sent:max(end, sent)]
+        self.sent[i] = len(text) if calls else sent + len(piece_text)
+        out = []
+        piece = replace(delta, text=piece_text, finish_reason=None if calls else finish)
         if piece.text or piece.logprobs or piece.finish_reason or first:
             out.append(api.chat_chunk(cid, model, piece, first))
         if calls:
             out.append(api.tool_call_chunk(cid, model, i, calls))
             out.append(api.chat_chunk(cid, model, replace(delta, text="", token_ids=[], logprobs=None,
-                                                          finish_reason="tool_calls"), False))
+                                                          finish_reason=finish), False))
         return out
 
 
@@ -150,9 +154,9 @@ def _encode(engine: TransformersEngine, infer_request: InferRequest, prefix: str
     if not prefix:
         return engine.encode(infer_request)
     # an answer forced to start with `prefix` (tool_choice): generation continues inside it
-    engine.check_text_length([m["content"] for m in infer_request.messages])
+    engine.check_text_length([m["content"] for m in infer_request.messages] + [str(infer_request.tools or "")])
     return engine.template.encode_continuation([*infer_request.messages, {"role": "assistant", "content": prefix}],
-                                               infer_request.tools)
+                                               infer_request.tools, trusted_continuation=True)
 
 
 async def prepared(engine: TransformersEngine, limits: ServingLimits, infer_request: InferRequest, body: dict,

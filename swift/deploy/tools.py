@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from swift.serving.errors import RequestError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+# a call's block; the last one may be cut before its closing tag (as vLLM's Hermes parser reads it)
+BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
 
 
 @dataclass
@@ -77,34 +78,6 @@ def tool_use(body: dict) -> ToolUse:
                            "tool_choice")
     prefix = OPEN + "\n" + json.dumps({"name": name})[:-1] + ', "arguments": '
     return ToolUse(tools, parse=True, prefix=prefix, example=prefix + '{"x": 1}}\n' + CLOSE)
-
-
-def check_tool_messages(messages: list, clean: list[dict]) -> None:
-    """Carry OpenAI's tool fields into the conversation: an assistant's `tool_calls` (its content
-    may be null) and a tool result's `tool_call_id`; each call's arguments must be JSON."""
-    for i, (m, out) in enumerate(zip(messages, clean)):
-        calls = m.get("tool_calls")
-        if calls is not None:
-            if m.get("role") != "assistant" or not isinstance(calls, list):
-                raise RequestError(f"messages[{i}].tool_calls must be a list, on an assistant message", "messages")
-            for j, c in enumerate(calls):
-                function = c.get("function") if isinstance(c, dict) else None
-                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                    raise RequestError(f"messages[{i}].tool_calls[{j}] must be {{\"type\": \"function\", \"function\": "
-                                       "{\"name\", \"arguments\"}}", "messages")
-                arguments = function.get("arguments", "{}")
-                if isinstance(arguments, str):
-                    try:
-                        arguments = json.loads(arguments)
-                    except json.JSONDecodeError:
-                        raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments is not JSON",
-                                           "messages") from None
-                if not isinstance(arguments, dict):
-                    raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON object",
-                                       "messages")
-            out["tool_calls"] = calls
-        if m.get("role") == "tool" and m.get("tool_call_id") is not None:
-            out["tool_call_id"] = str(m["tool_call_id"])
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:

@@ -169,7 +169,8 @@ class InferEngine(abc.ABC):
         if request.input_ids is not None:
             return list(request.input_ids)
         self.check_text_length([request.prompt] if request.prompt is not None else
-                               [m.get("content") for m in request.messages])
+                               [m.get("content") for m in request.messages] + [str(request.tools or "")] +
+                               [str(m.get("tool_calls") or "") for m in request.messages])
         if request.prompt is not None:
             return self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
         return self.template.encode_prompt(request.messages, tools=request.tools)

@@ -47,6 +47,9 @@ def deploy_main(args: DeployArguments | list[str] | None = None) -> None:
     warn_if_open(a.host, a.serving_limits)
     name = a.served_model_name or (a.model or "model").rstrip("/").split("/")[-1]
     if a.task_type == "seq_cls":
+        if a.allow_control_tokens:  # the reward routes read texts as given (OpenRLHF sends formatted text)
+            raise SwiftError("--allow_control_tokens applies to generation; a reward model (--task_type seq_cls) "
+                             "reads the texts it scores as they are")
         app = create_app(name, scorer=build_scorer(a), limits=a.serving_limits)
         uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
         return

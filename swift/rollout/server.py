@@ -32,7 +32,7 @@ from swift.rollout.runner import rollout
 from swift.rollout.sync_routes import add_weight_sync_routes
 from swift.rollout.weight_sync import WeightGroup, parse_dtype, unflatten
 from swift.serving.errors import RequestError, add_error_handlers, internal_error
-from swift.serving.fields import chat_messages, checked_stop, flag, integer, number
+from swift.serving.fields import chat_messages, checked_stop, flag, integer, number, tool_messages
 from swift.serving.guard import Guard, ServingLimits, read_body, timed_out
 from swift.serving.jobs import ClientGone, JobControl, JobStopped, while_client_waits
 from swift.utils.logging import get_logger
@@ -72,6 +72,7 @@ class _Worker:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.group: WeightGroup | None = None
         self.forming: concurrent.futures.Future | None = None  # the group of /init_communicator/, forming
+        self.generation = 0  # counts communicators opened and closed
 
     def info(self) -> dict:
         model = getattr(self.engine, "model", None)
@@ -126,13 +127,18 @@ class _Worker:
         never does); the first bucket waits for it."""
         self.close_communicator()
         forming: concurrent.futures.Future = concurrent.futures.Future()
+        generation = self.generation
 
         def form():
             try:
-                forming.set_result(WeightGroup(host, port, self.rank, world_size, timeout, self.device))
+                group = WeightGroup(host, port, self.rank, world_size, timeout, self.device)
             except BaseException as e:  # noqa: BLE001 - reported to the first bucket
                 logger.error(f"worker {self.rank}: {e}")
                 forming.set_exception(e)
+                return
+            if generation != self.generation:  # closed (or superseded) while it formed: never used
+                group.close()
+            forming.set_result(group)
 
         threading.Thread(target=form, daemon=True, name=f"swift-rollout-sync-{self.rank}").start()
         self.forming = forming
@@ -157,7 +163,8 @@ class _Worker:
     def close_communicator(self) -> None:
         if self.group is not None:
             self.group.close()
-        self.group = self.forming = None  # a group still forming is dropped when it forms or times out
+        self.group = self.forming = None
+        self.generation += 1  # a group still forming closes itself when it forms
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
@@ -261,16 +268,22 @@ class WorkerHandle:
             future = self._futures.pop(cid, None)
             if future is None or future.done():  # nobody waits any more (the request timed out)
                 continue
-            if err is None:
-                future.set_result(result)
-            else:
-                kind, message = err if isinstance(err, tuple) else ("error", err)
-                future.set_exception(JobStopped(message) if kind == "stopped" else RequestError(
-                    message, status=400 if kind == "bad_request" else 500,
-                    code=None if kind == "bad_request" else "internal_error"))
+            kind, message = err if isinstance(err, tuple) else ("error", err)
+            try:  # the request may be cancelled at this very moment (its client left)
+                if err is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(JobStopped(message) if kind == "stopped" else RequestError(
+                        message, status=400 if kind == "bad_request" else 500,
+                        code=None if kind == "bad_request" else "internal_error"))
+            except concurrent.futures.InvalidStateError:
+                pass
         self.alive = False
         for future in list(self._futures.values()):
-            future.set_exception(RuntimeError(f"rollout worker {self.rank} exited"))
+            try:
+                future.set_exception(RuntimeError(f"rollout worker {self.rank} exited"))
+            except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+                pass
         self._futures.clear()
 
     def call(self, method: str, deadline: float | None = None, **kwargs) -> concurrent.futures.Future:
@@ -358,11 +371,14 @@ class RolloutServer:
         try:
             return await while_client_waits(request, asyncio.gather(*(asyncio.wrap_future(f) for _, f in calls)),
                                             timeout, on_stop=cancel)
-        except ClientGone:
-            raise RequestError("the client closed the connection", status=499, code="client_closed_request") \
-                from None
-        except (asyncio.TimeoutError, JobStopped):
-            raise timed_out(timeout) from None
+        except BaseException as e:  # one share failed (a bad row), or the job stopped: the others stop too
+            cancel()
+            if isinstance(e, ClientGone):
+                raise RequestError("the client closed the connection", status=499,
+                                   code="client_closed_request") from None
+            if isinstance(e, (asyncio.TimeoutError, JobStopped)):
+                raise timed_out(timeout) from None
+            raise
 
     def fire(self, method: str, **kwargs) -> None:
         """Send to every worker without waiting; a failure closes the communicator it was sent for
@@ -437,6 +453,7 @@ def create_app(server: RolloutServer) -> FastAPI:
             if not isinstance(r, dict):
                 raise RequestError(f"infer_requests[{i}] must be an object", "infer_requests")
             messages = chat_messages(r.get("messages"), f"infer_requests[{i}].messages")
+            tool_messages(r["messages"], messages, f"infer_requests[{i}].messages")
             data_dict, infos = r.get("data_dict") or {}, r.get("rollout_infos") or {}
             if not isinstance(data_dict, dict) or not isinstance(infos, dict):
                 raise RequestError(f"infer_requests[{i}]: data_dict and rollout_infos must be objects",

@@ -17,7 +17,10 @@ import math
 import torch
 import torch.distributed as dist
 
+from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
 
 DTYPES = {name: getattr(torch, name) for name in ("float32", "float16", "bfloat16", "float64")}
 
@@ -101,9 +104,10 @@ class WeightGroup:
                 self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size)
             else:
                 self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, self.timeout)
-        except Exception as e:
+        except Exception as e:  # the detail goes to the log; the message may reach an HTTP client
+            logger.error(f"weight-sync group at {host}:{port}: {type(e).__name__}: {e}")
             raise SwiftError(f"weight-sync group at {host}:{port} (rank {rank} of {world_size}) could not form "
-                             f"within {timeout_s:.0f}s: {e}") from None
+                             f"within {timeout_s:.0f}s ({type(e).__name__}; see the log)") from None
 
     def _wait(self, work, what: str) -> None:
         try:

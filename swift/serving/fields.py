@@ -87,3 +87,32 @@ def chat_messages(messages, param: str = "messages") -> list[dict]:
             raise RequestError(f"{param}[{i}].content must be a string", param)
         clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
     return clean
+
+
+def tool_messages(messages: list, clean: list[dict], param: str = "messages") -> None:
+    """Carry OpenAI's tool fields into the conversation: an assistant's `tool_calls` (its content
+    may be null) and a tool result's `tool_call_id`; each call's arguments must be a JSON object."""
+    import json
+
+    for i, (m, out) in enumerate(zip(messages, clean)):
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if m.get("role") != "assistant" or not isinstance(calls, list):
+                raise RequestError(f"{param}[{i}].tool_calls must be a list, on an assistant message", param)
+            for j, c in enumerate(calls):
+                function = c.get("function") if isinstance(c, dict) else None
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise RequestError(f"{param}[{i}].tool_calls[{j}] must be {{\"type\": \"function\", \"function\": "
+                                       "{\"name\", \"arguments\"}}", param)
+                arguments = function.get("arguments", "{}")
+                if isinstance(arguments, str):
+                    try:
+                        arguments = json.loads(arguments)
+                    except json.JSONDecodeError:
+                        raise RequestError(f"{param}[{i}].tool_calls[{j}].function.arguments is not JSON", param) \
+                            from None
+                if not isinstance(arguments, dict):
+                    raise RequestError(f"{param}[{i}].tool_calls[{j}].function.arguments must be a JSON object", param)
+            out["tool_calls"] = calls
+        if m.get("role") == "tool" and m.get("tool_call_id") is not None:
+            out["tool_call_id"] = str(m["tool_call_id"])

@@ -8,7 +8,10 @@ when it starts inside a loss span.
 from __future__ import annotations
 
 import abc
+import copy
+import json
 import secrets
+import threading
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -16,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from swift.utils.registry import Registry, SwiftError
 
 IGNORE_INDEX = -100
+_PLAIN_LOCK = threading.Lock()
 ROLES = ("system", "user", "assistant", "tool")
 
 Span = tuple[int, int]
@@ -84,21 +88,33 @@ class Template(abc.ABC):
             messages = messages[:-1]
         return self._encode_rendered(messages, tools)
 
-    def encode_continuation(self, messages: list[dict], tools: list | None = None) -> list[int]:
+    def encode_continuation(self, messages: list[dict], tools: list | None = None,
+                            trusted_continuation: bool = False) -> list[int]:
         """Token ids from which generation continues: after a generation prompt, or inside the last
-        assistant message when the conversation ends with one (a multi-turn rollout that edits it)."""
+        assistant message when the conversation ends with one (a multi-turn rollout that edits it).
+        `trusted_continuation`: that last message is the server's own text (a forced start), whose
+        control tokens stay control tokens."""
         messages = self.with_system(messages)
         if not messages or messages[-1]["role"] != "assistant":
             return self.encode_prompt(messages, tools)
-        return self._encode_rendered(messages[:-1], tools, continuation=messages[-1]["content"])
+        return self._encode_rendered(messages[:-1], tools, continuation=messages[-1]["content"],
+                                     trusted_continuation=trusted_continuation)
 
-    def _encode_rendered(self, messages: list[dict], tools: list | None, continuation: str = "") -> list[int]:
+    def _encode_rendered(self, messages: list[dict], tools: list | None, continuation: str = "",
+                         trusted_continuation: bool = False) -> list[int]:
         """Ids of the rendered conversation plus `continuation` (after the generation prompt). With
         `split_special_tokens`, every message content that holds control-token text is rendered as a
-        placeholder and tokenized on its own as plain text; the template's own text keeps its tokens."""
+        placeholder and tokenized on its own as plain text; the template's own text keeps its tokens.
+        Control-token text in tool signatures, tool calls or names (rendered as JSON or inline) is
+        refused."""
         specials = self._special_texts() if self.split_special_tokens else ()
         plain: dict[str, str] = {}
         if specials:
+            rest = json.dumps([tools, [{k: v for k, v in m.items() if k != "content"} for m in messages]],
+                              ensure_ascii=False, default=str)
+            if any(s in rest for s in specials):
+                raise RowError("control-token text in tools, tool calls or message names is refused (only message "
+                               "content may hold it, as plain text)")
             nonce = secrets.token_hex(8)
             masked = []
             for i, m in enumerate(messages):
@@ -110,7 +126,8 @@ class Template(abc.ABC):
                 masked.append(m)
             messages = masked
         text, _ = self.render(messages, add_generation_prompt=True, tools=tools)
-        if not plain and not (specials and any(s in continuation for s in specials)):
+        split_tail = bool(specials) and not trusted_continuation and any(s in continuation for s in specials)
+        if not plain and not split_tail:
             return self._tokenize(text + continuation)[0]
         ids, pos = [], 0
         for key, content in plain.items():  # placeholders appear in message order
@@ -120,9 +137,22 @@ class Template(abc.ABC):
                                "cannot be encoded as plain text")
             ids += self._tokenize(text[pos:at])[0] + self._tokenize(content, split=True)[0]
             pos = at + len(key)
-        if specials and any(s in continuation for s in specials):
+        if split_tail:
             return ids + self._tokenize(text[pos:])[0] + self._tokenize(continuation, split=True)[0]
         return ids + self._tokenize(text[pos:] + continuation)[0]
+
+    def _plain_tokenizer(self):
+        """A copy of the tokenizer that reads control-token text as plain text. A copy, set once:
+        passing `split_special_tokens` per call flips a flag on the shared Rust tokenizer, which
+        requests encoded in other threads at the same time would see (or fail on)."""
+        with _PLAIN_LOCK:
+            if getattr(self, "_plain", None) is None:
+                plain = copy.deepcopy(self.tokenizer)
+                plain.split_special_tokens = True
+                if hasattr(plain, "_tokenizer"):
+                    plain._tokenizer.encode_special_tokens = True
+                self._plain = plain
+        return self._plain
 
     def _special_texts(self) -> tuple[str, ...]:
         """The text of every special (control) token the tokenizer recognises in input text."""
@@ -135,7 +165,8 @@ class Template(abc.ABC):
     def _tokenize(self, text: str, split: bool = False) -> tuple[list[int], list[int]]:
         if not text:
             return [], []
-        out = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=split)
+        tokenizer = self._plain_tokenizer() if split else self.tokenizer
+        out = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(out["input_ids"]), [s for s, _ in out["offset_mapping"]]
 
     def _truncate(self, enc: Encoded) -> Encoded:

@@ -37,15 +37,15 @@ class JinjaTemplate(Template):
         return text, spans
 
     def _check_tools_rendered(self, text: str, messages: list[dict], tools: list | None) -> None:
-        """A chat_template without tool support drops tools, calls and results without a word; refuse
-        instead (every tool's and call's name, and every result, must appear in the text)."""
+        """A chat_template without tool support drops tools and calls without a word; refuse instead
+        (every tool's and call's name must appear in the text; results are not compared, as templates
+        may re-encode them, e.g. Llama 3.1's `tojson`)."""
         names = [(t.get("function", t) or {}).get("name") for t in tools or [] if isinstance(t, dict)]
         for m in messages:
             names += [(c.get("function", c) or {}).get("name") for c in m.get("tool_calls") or []
                       if isinstance(c, dict)]
-        results = [m["content"] for m in messages if m["role"] == "tool" and isinstance(m.get("content"), str)]
-        missing = [x for x in names + results if isinstance(x, str) and x and x not in text]
+        missing = [x for x in names if isinstance(x, str) and x and x not in text]
         if missing:
-            raise RowError(f"the tokenizer's chat_template does not render tools, tool calls or tool results (it "
+            raise RowError(f"the tokenizer's chat_template does not render tools or tool calls (it "
                            f"dropped {missing[0]!r}); pass --template chatml|qwen|qwen2_5|qwen3 (the Hermes tool "
                            "layout) or a model whose chat_template renders tools")

@@ -142,12 +142,7 @@ class Rollout:
         columns["response_token_ids"] = [[t for t, m in zip(x.completion_ids, x.loss_mask) if m] for x in trajectories]
         columns["prompt_texts"] = [self.trainer.processing_class.decode(t.prompt_ids) for t in trajectories]
         totals, per_func = self.rewards([t.text for t in trajectories], columns)
-        totals = torch.tensor(totals, dtype=torch.float32)  # NaN: no function scored the row
-        failed = [i for i, t in enumerate(trajectories) if t.rollout_infos.get("rollout_error")]
-        if failed:  # its environment failed mid-rollout: the trajectory is cut, not judged
-            totals[failed] = float("nan")
-            logger.warning(f"{len(failed)} trajectories ended with an environment error; they get no reward")
-        return totals, per_func
+        return torch.tensor(totals, dtype=torch.float32), per_func  # NaN: no function scored the row
 
     def _sample_and_score(self, prompts: list[dict], uses: int, queue, cycle: int):
         a, n = self.a, self.n
@@ -189,6 +184,12 @@ class Rollout:
         steps = self._score_steps(trajectories)
         if steps is not None and not self.rewards.names:  # process rewards alone: every row is scored
             rewards = torch.zeros_like(rewards)
+        failed = [i for i, t in enumerate(trajectories) if t.rollout_infos.get("rollout_error")]
+        if failed:  # its environment failed mid-rollout: the trajectory is cut, not judged
+            rewards[failed] = float("nan")
+            logger.warning(f"{len(failed)} of {len(trajectories)} trajectories ended with an environment error "
+                           "({}); they get no reward".format(", ".join(sorted({trajectories[i].rollout_infos[
+                               "rollout_error"] for i in failed}))))
         scored = ~rewards.isnan()
         if not scored.all():
             logger.warning(f"{int((~scored).sum())} of {len(trajectories)} completions got no reward (every reward "

@@ -347,6 +347,33 @@ def test_a_client_that_leaves_a_plain_request_stops_its_generation():
         engine.close()
 
 
+def test_an_unexpected_failure_is_a_500_without_its_text():
+    """An engine failure that is not the request's: the client gets the exception's type and an
+    incident id, never its message (here a file path); the log has the rest under the same id."""
+    from swift.deploy.server import create_app
+    from swift.infer.transformers_engine import TransformersEngine
+    from swift.template import get_template
+    from tests.deploy.serving import serve_in_thread
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    engine = TransformersEngine(model, tokenizer, get_template("jinja", tokenizer))
+
+    async def broken(request, config):
+        raise OSError("/srv/secret/weights/model.safetensors: read failed")
+
+    engine.infer_async = broken
+    try:
+        with serve_in_thread(create_app("tiny", engine=engine)) as base:
+            r = requests.post(base + "/v1/chat/completions", json=chat(), timeout=60)
+            assert r.status_code == 500
+            error = r.json()["error"]
+            assert error["type"] == "server_error" and error["code"] == "internal_error"
+            assert "OSError" in error["message"] and "incident" in error["message"]
+            assert "/srv" not in r.text and "safetensors" not in r.text
+    finally:
+        engine.close()
+
+
 def test_half_sent_bodies_hold_no_slot():
     """As many clients as --max_concurrent_requests send headers and half a body, then stall: a
     well-formed request is still answered (before: 429 until the stalled ones timed out, up to 610 s),

@@ -83,6 +83,29 @@ def test_multi_turn_gym_rollouts_train(tmp_path):
     assert all(1 <= r["completions/mean_turns"] <= 2 for r in logs)
 
 
+def test_trajectories_whose_environment_fails_get_no_reward_and_the_run_goes_on(tmp_path):
+    """An environment that raises on some trajectories mid-rollout: those trajectories end there and
+    get no reward (left out of the loss), the others train (before 2026-11-27 the exception ended
+    the run after generation)."""
+    import os
+
+    plugin = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins", "failing_env.py")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("swift").addHandler(handler)
+    try:
+        rlhf_main(grpo_argv(tmp_path, "--max_steps", "2", "--multi_turn_scheduler", "fails_on_odd", "--max_turns", "2",
+                            "--external_plugins", plugin, "--max_completion_length", "8"))
+    finally:
+        logging.getLogger("swift").removeHandler(handler)
+    failed = [r.getMessage() for r in records if "ended with an environment error (KeyError)" in r.getMessage()]
+    assert failed  # some rows of arith-sft#32 have an odd sum
+    assert all("no reward" in m for m in failed)
+    logs = [r for r in read(tmp_path / "logging.jsonl") if "loss" in r]
+    assert len(logs) == 2 and all(r["loss"] == r["loss"] for r in logs)  # trained, no NaN loss
+
+
 def test_rows_the_environment_cannot_start_from_are_dropped_and_reported(tmp_path):
     """`\\boxed{11}` is no integer for guess_number: the run crashed after generation with a raw
     ValueError. Now the row is refused when the data is read: dropped and reported, or with
