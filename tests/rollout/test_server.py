@@ -266,7 +266,7 @@ def test_multi_turn_scheduler_runs_in_the_server_worker(quickstart):
     quickstart's sft model answers the sum and ends its turn, so the environment replies; what it
     says to "higher" is out of its training, so a later turn may end on the length limit instead."""
     from swift.pipelines.rollout import RolloutArguments
-    from swift.rollout.server import _Worker
+    from swift.rollout.worker import _Worker
 
     args = RolloutArguments(model=os.path.join(quickstart[1], "sft"), multi_turn_scheduler="gym",
                             gym_env="guess_number", max_turns=3)
