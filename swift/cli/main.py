@@ -23,6 +23,8 @@ ROUTE_MAPPING: dict[str, tuple[str, str]] = {
     "rollout": ("swift.pipelines.rollout:rollout_main", "Generation server for RL trainers, with checked weight sync."),
     "deploy": ("swift.pipelines.deploy:deploy_main", "Serve a model (and LoRA adapters) behind an OpenAI-compatible API."),
     "merge-lora": ("swift.pipelines.merge_lora:merge_lora_main", "Merge LoRA adapters into a standalone HF model."),
+    "app": ("swift.pipelines.app:app_main", "A chat page (gradio) over a model or an OpenAI-compatible server."),
+    "web-ui": ("swift.pipelines.app:web_ui_main", "A console (gradio) that launches, watches and stops runs."),
 }
 ARGUMENT_CLASSES = {
     "pt": "swift.arguments:PtArguments",
@@ -34,6 +36,8 @@ ARGUMENT_CLASSES = {
     "rollout": "swift.pipelines.rollout:RolloutArguments",
     "deploy": "swift.pipelines.deploy:DeployArguments",
     "merge-lora": "swift.pipelines.merge_lora:MergeLoraArguments",
+    "app": "swift.pipelines.app:AppArguments",
+    "web-ui": "swift.pipelines.app:WebUIArguments",
 }
 DISTRIBUTED_COMMANDS = {"pt", "sft", "rlhf"}
 LAUNCH_ENV = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_TIMEOUT")

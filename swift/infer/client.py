@@ -1,5 +1,5 @@
 """ClientEngine: any OpenAI-compatible server (`swift deploy`, vLLM's server, a hosted API) as an
-engine, for `swift eval --eval_url` and `swift sample --sampler_engine client`. Conversations go to
+engine, for `swift eval --eval_url`, `swift sample --sampler_engine client` and `swift app --base_url`. Conversations go to
 `/chat/completions`, raw prompts to `/completions`; at most `concurrency` requests are in flight."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
-from swift.infer.protocol import Choice, InferEngine, InferRequest, InferResponse, RequestConfig
+from swift.infer.protocol import Choice, InferEngine, InferRequest, InferResponse, RequestConfig, StreamDelta
 from swift.utils.registry import SwiftError
 
 
@@ -51,21 +51,14 @@ class ClientEngine(InferEngine):
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json",
-                                                  **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers=self._headers())
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read())
         except json.JSONDecodeError as e:
             raise SwiftError(f"{self.flag} {self.base}{path}: the answer is not JSON ({e})") from None
         except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:300]
-            try:
-                detail = json.loads(detail)["error"]["message"]
-            except Exception:
-                pass
-            raise SwiftError(f"{self.flag} {self.base}{path}: HTTP {e.code}: {detail}") from None
+            raise SwiftError(f"{self.flag} {self.base}{path}: HTTP {e.code}: {_error_message(e)}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise SwiftError(f"{self.flag} {self.base}: cannot reach the server ({reason})") from None
@@ -100,5 +93,57 @@ class ClientEngine(InferEngine):
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def stream_async(self, request: InferRequest, config: RequestConfig):
-        raise SwiftError(f"{self.flag}: streaming is not used by this client")
+    async def stream_async(self, request: InferRequest, config: RequestConfig):
+        """The server's server-sent events as StreamDeltas. Closing the generator closes the
+        connection, so the server stops generating for a reader that has left."""
+        path, body = self._body(request, config)
+        loop = asyncio.get_running_loop()
+        response = await loop.run_in_executor(self._pool, self._open, path, {**body, "stream": True})
+        try:
+            while True:
+                line = await loop.run_in_executor(self._pool, response.readline)
+                if not line:
+                    break
+                line = line.decode(errors="replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise SwiftError(f"{self.flag} {self.base}{path}: {chunk['error'].get('message', chunk['error'])}")
+                    for c in chunk["choices"]:
+                        text = (c.get("delta") or {}).get("content") or "" if "delta" in c else c.get("text") or ""
+                        yield StreamDelta(index=c.get("index", 0), text=text, token_ids=[],
+                                          finish_reason=c.get("finish_reason"))
+                except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                    raise SwiftError(f"{self.flag} {self.base}{path}: not an OpenAI stream ({type(e).__name__}: {e})") \
+                        from None
+        finally:
+            response.close()
+
+    def _open(self, path: str, body: dict):
+        """The open HTTP response of a POST (errors as in `_call`)."""
+        request = urllib.request.Request(self.base + path, data=json.dumps(body).encode(), method="POST",
+                                         headers=self._headers())
+        try:
+            return urllib.request.urlopen(request, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            raise SwiftError(f"{self.flag} {self.base}{path}: HTTP {e.code}: {_error_message(e)}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise SwiftError(f"{self.flag} {self.base}: cannot reach the server ({getattr(e, 'reason', e)})") from None
+
+    def _headers(self) -> dict[str, str]:
+        return {"Content-Type": "application/json",
+                **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})}
+
+
+def _error_message(e: urllib.error.HTTPError) -> str:
+    """An OpenAI error body's message, else the start of the body."""
+    detail = e.read().decode(errors="replace")[:300]
+    try:
+        return json.loads(detail)["error"]["message"]
+    except Exception:
+        return detail

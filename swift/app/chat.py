@@ -1,0 +1,172 @@
+"""The chat page of `swift app` (and the Chat tab of `swift web-ui`).
+
+It talks to an engine through `ChatBackend`: one built in this process from `--model`/`--adapters`
+(the engines of `swift deploy`), or any OpenAI-compatible server (`--base_url`), reached anew on each
+message while it cannot be reached. A failed answer shows one line on the page; the conversation
+and the page go on.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+from swift.app.i18n import label
+from swift.utils.registry import SwiftError
+
+
+def require_gradio():
+    try:
+        import gradio
+    except ImportError:
+        raise SwiftError('swift app / swift web-ui need gradio: pip install -e ".[app]"') from None
+    return gradio
+
+
+class ChatBackend:
+    """What the page generates with. `engine`: an InferEngine in this process (its LoRA adapters in
+    `adapters`); `base_url`: an OpenAI-compatible server instead. `swap` replaces the engine (the
+    console's chat on a finished run)."""
+
+    def __init__(self, engine=None, adapters: dict[str, str] | None = None, base_url: str | None = None,
+                 api_key: str | None = None, model: str | None = None, name: str = ""):
+        self._engine, self.adapters, self.name = engine, dict(adapters or {}), name
+        self.base_url, self.api_key, self.model = base_url, api_key, model
+        self._lock = threading.Lock()
+
+    def engine(self):
+        with self._lock:
+            if self._engine is None and self.base_url:
+                from swift.infer.client import ClientEngine
+
+                self._engine = ClientEngine(self.base_url, api_key=self.api_key, model=self.model, flag="--base_url")
+            return self._engine
+
+    def swap(self, engine, adapters: dict[str, str], name: str) -> None:
+        with self._lock:
+            old, self._engine, self.adapters, self.name = self._engine, engine, dict(adapters), name
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+
+    async def stream(self, messages: list[dict], temperature: float, top_p: float, max_new_tokens: int,
+                     adapter: str | None):
+        """The answer's text, piece by piece."""
+        from swift.infer.protocol import InferRequest, RequestConfig
+
+        engine = self.engine()
+        if engine is None:
+            raise SwiftError("no model is loaded")
+        request = InferRequest(messages=messages, adapter=adapter)
+        config = RequestConfig(max_tokens=max(int(max_new_tokens), 1), temperature=float(temperature),
+                               top_p=float(top_p))
+        if engine.tokenizer is not None:  # in process: an answer may not run past the context
+            prompt = engine.encode(request)
+            request = InferRequest(input_ids=prompt, adapter=adapter)
+            config = replace(config, max_tokens=max(min(config.max_tokens, engine.max_model_len - len(prompt)), 1))
+        async for delta in engine.stream_async(request, config):
+            if delta.text:
+                yield delta.text
+
+
+def error_line(e: BaseException) -> str:
+    """One line for the page: our errors as they are, others with their type."""
+    text = str(e) if isinstance(e, SwiftError) else f"{type(e).__name__}: {e}"
+    return " ".join(text.split())[:500]
+
+
+def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, stream: bool = True,
+               temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 512, prefix: str = ""):
+    """The chat's components, built inside the caller's `gr.Blocks`. Returns the adapter dropdown
+    (the console refreshes its choices when it loads another model)."""
+    gr = require_gradio()
+
+    def t(key: str) -> str:
+        return label(key, lang)
+
+    def adapter_choices() -> tuple[list[str], str]:
+        names = list(backend.adapters)
+        return [t("base_model"), *names], (names[-1] if names else t("base_model"))  # as `swift infer`: the last
+
+    choices, chosen = adapter_choices()
+    system_box = gr.Textbox(value=system or "", label=t("system"), lines=2, elem_id=f"{prefix}system")
+    chatbot = gr.Chatbot(label=t("chatbot"), elem_id=f"{prefix}chatbot", height=360)
+    error = gr.Markdown("", elem_id=f"{prefix}error")
+    message = gr.Textbox(label=t("message"), placeholder=t("placeholder"), elem_id=f"{prefix}message", lines=1)
+    with gr.Row():
+        send = gr.Button(t("send"), variant="primary", elem_id=f"{prefix}send")
+        stop = gr.Button(t("stop"), elem_id=f"{prefix}stop")
+        regenerate = gr.Button(t("regenerate"), elem_id=f"{prefix}regenerate")
+        clear = gr.Button(t("clear"), elem_id=f"{prefix}clear")
+    with gr.Accordion(t("settings"), open=False, elem_id=f"{prefix}settings"):
+        temperature_box = gr.Slider(0.0, 2.0, value=temperature, step=0.05, label=t("temperature"),
+                                    elem_id=f"{prefix}temperature")
+        top_p_box = gr.Slider(0.01, 1.0, value=top_p, step=0.01, label=t("top_p"), elem_id=f"{prefix}top_p")
+        max_tokens_box = gr.Number(value=max_new_tokens, precision=0, minimum=1, label=t("max_new_tokens"),
+                                   elem_id=f"{prefix}max_new_tokens")
+        adapter_box = gr.Dropdown(choices=choices, value=chosen, label=t("adapter"), elem_id=f"{prefix}adapter",
+                                  visible=bool(backend.adapters))
+
+    def user_turn(text: str, history: list):
+        if not text.strip():
+            return "", history
+        return "", [*history, {"role": "user", "content": text}]
+
+    async def answer(history: list, system_text: str, temp, top, max_tokens, adapter):
+        if not history or history[-1]["role"] != "user":
+            yield history, ""
+            return
+        messages = ([{"role": "system", "content": system_text}] if system_text.strip() else []) + [
+            {"role": m["role"], "content": _text(m["content"])} for m in history]
+        history = [*history, {"role": "assistant", "content": ""}]
+        name = None if adapter in (None, t("base_model")) else adapter
+        try:
+            async for piece in backend.stream(messages, temp, top, max_tokens or 1, name):
+                history[-1] = {"role": "assistant", "content": history[-1]["content"] + piece}
+                if stream:
+                    yield history, ""
+        except Exception as e:  # noqa: BLE001 - this answer failed; the page goes on
+            if not history[-1]["content"]:
+                history = history[:-1]
+            yield history, f"**{t('error')}:** {error_line(e)}"
+            return
+        yield history, ""
+
+    def drop_answer(history: list):
+        while history and history[-1]["role"] == "assistant":
+            history = history[:-1]
+        return history
+
+    settings = [system_box, temperature_box, top_p_box, max_tokens_box, adapter_box]
+    events = []
+    for trigger in (message.submit, send.click):
+        events.append(trigger(user_turn, [message, chatbot], [message, chatbot], queue=False).then(
+            answer, [chatbot, *settings], [chatbot, error]))
+    events.append(regenerate.click(drop_answer, chatbot, chatbot, queue=False).then(
+        answer, [chatbot, *settings], [chatbot, error]))
+    stop.click(None, cancels=events)
+    clear.click(lambda: ([], ""), None, [chatbot, error], cancels=events, queue=False)
+    return adapter_box, adapter_choices
+
+
+def _text(content) -> str:
+    """A message's text (gradio may hand back a list of parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    if isinstance(content, dict):
+        return content.get("text", "")
+    return str(content)
+
+
+def build_app(backend: ChatBackend, *, title: str | None, lang: str, **panel):
+    gr = require_gradio()
+    with gr.Blocks(title=title or label("title", lang)) as demo:
+        gr.Markdown(f"## {title or label('title', lang)}")
+        if backend.name:
+            gr.Markdown(f"`{backend.name}`", elem_id="model_name")
+        chat_panel(backend, lang, **panel)
+    return demo

@@ -1,0 +1,216 @@
+"""Runs launched from `swift web-ui`: each one a directory under `--runs_dir`.
+
+A run's directory holds
+- `swift_run.json`: the command line, and the process id and start time of its keeper, written once
+  at launch;
+- `run.log`: everything the command printed;
+- `swift_exit.json`: written by the keeper when the command ends (its exit code, and whether it was
+  stopped);
+- the command's own outputs (training runs write there: `--output_dir` is the run's directory).
+
+The keeper (`python -m swift.app.runs RUN_DIR`) is a detached process in a session of its own: it runs
+the command, waits for it and records how it ended, so runs outlive the console and a restarted
+console finds them from these files alone (a recorded process id counts as running only while a
+process with that id and that start time exists).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_FILE, EXIT_FILE, LOG_FILE, STOP_FILE = "swift_run.json", "swift_exit.json", "run.log", "swift_stop"
+# seconds a stopped command gets to end after SIGTERM before it is killed
+STOP_GRACE = 20.0
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _start_time(pid: int) -> float | None:
+    """When process `pid` started (None: there is none, or it has ended and waits to be reaped)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process.create_time()
+    except psutil.Error:
+        return None
+
+
+@dataclass
+class Run:
+    directory: Path
+    argv: list[str]  # after `swift`
+    pid: int
+    pid_started: float
+    started: float
+    exit: dict | None
+
+    @property
+    def id(self) -> str:
+        return self.directory.name
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(["swift", *self.argv])
+
+    @property
+    def status(self) -> str:
+        if self.exit is not None:
+            if self.exit.get("stopped"):
+                return "stopped"
+            return "finished" if self.exit.get("returncode") == 0 else f"failed (exit {self.exit.get('returncode')})"
+        started = _start_time(self.pid)
+        if started is not None and abs(started - self.pid_started) < 1.0:
+            return "stopping" if (self.directory / STOP_FILE).exists() else "running"
+        return "ended without a record"  # the machine restarted, or the keeper was killed
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.directory / LOG_FILE, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(f.tell() - 64 * 1024, 0))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        # a progress bar rewrites its line with carriage returns: keep each line's last state
+        return "\n".join(line.split("\r")[-1] for line in text.splitlines()[-lines:])
+
+    def logging_file(self) -> Path | None:
+        """The newest logging.jsonl the command wrote under its directory."""
+        found = [p for p in self.directory.rglob("logging.jsonl") if p.is_file()]
+        return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+    def metrics(self) -> list[dict]:
+        path = self.logging_file()
+        if path is None:
+            return []
+        rows = []
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass  # the line being written
+        return rows
+
+    def progress(self) -> str:
+        rows = [r for r in self.metrics() if "global_step" in r]
+        if not rows:
+            return ""
+        step, total = rows[-1]["global_step"], rows[-1].get("max_steps") or 0
+        return f"step {step}/{total} ({100 * step / total:.0f}%)" if total else f"step {step}"
+
+    def model_dir(self) -> tuple[str | None, str | None]:
+        """(model, adapter) a finished training run left: its result.json's model directory, an
+        adapter directory when it holds adapter_config.json."""
+        found = sorted((p for p in self.directory.rglob("result.json") if p.is_file()), key=lambda p: p.stat().st_mtime)
+        if not found:
+            return None, None
+        model = (_read_json(found[-1]) or {}).get("model_dir") or str(found[-1].parent)
+        if os.path.isfile(os.path.join(model, "adapter_config.json")):
+            return None, model
+        return model, None
+
+
+def load_run(directory: Path) -> Run | None:
+    info = _read_json(directory / RUN_FILE)
+    if not info:
+        return None
+    return Run(directory, info["argv"], info["pid"], info["pid_started"], info["started"],
+               _read_json(directory / EXIT_FILE))
+
+
+def list_runs(runs_dir: str) -> list[Run]:
+    """Every run under `runs_dir`, newest first."""
+    root = Path(runs_dir)
+    runs = [load_run(d) for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+    return sorted((r for r in runs if r is not None), key=lambda r: r.started, reverse=True)
+
+
+def new_run_dir(runs_dir: str, command: str) -> Path:
+    """`<runs_dir>/<command>-<YYYYmmdd-HHMMSS>[-N]`, created here (never one that exists)."""
+    base = Path(runs_dir) / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for n in range(1000):
+        path = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run directory beside {base}")
+
+
+def launch(directory: Path, argv: list[str]) -> Run:
+    """Start `swift <argv>` detached, kept by a keeper process, in `directory`."""
+    keeper = subprocess.Popen([sys.executable, "-m", "swift.app.runs", str(directory)], start_new_session=True,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "SWIFT_RUN_ARGV": json.dumps(argv)})  # relative paths: as typed here
+    _KEEPERS.append(keeper)  # reaped by `reap` (a restarted console is not their parent, and need not be)
+    started = _start_time(keeper.pid) or time.time()
+    _write_json(directory / RUN_FILE, {"argv": argv, "pid": keeper.pid, "pid_started": started,
+                                       "started": time.time(), "cwd": os.getcwd()})
+    return load_run(directory)
+
+
+_KEEPERS: list[subprocess.Popen] = []
+
+
+def reap() -> None:
+    for keeper in list(_KEEPERS):
+        if keeper.poll() is not None:
+            _KEEPERS.remove(keeper)
+
+
+def stop(run: Run) -> None:
+    """Ask a running run to end: SIGTERM to its session (the keeper, the command, its workers); the
+    keeper kills what is left after STOP_GRACE seconds and records the run as stopped."""
+    if run.status != "running":
+        return
+    (run.directory / STOP_FILE).write_text(str(time.time()))
+    try:
+        os.killpg(run.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def keep(directory: Path) -> int:
+    """The keeper: run the command, record how it ended."""
+    argv = json.loads(os.environ.pop("SWIFT_RUN_ARGV"))
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.time()))
+    with open(directory / LOG_FILE, "ab") as log:
+        child = subprocess.Popen([sys.executable, "-m", "swift.cli.main", *argv], stdin=subprocess.DEVNULL,
+                                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        while True:
+            try:
+                code = child.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping and time.time() - stopping[0] > STOP_GRACE:
+                    child.kill()
+    _write_json(directory / EXIT_FILE, {"returncode": code, "stopped": bool(stopping) or
+                                        (directory / STOP_FILE).exists(), "ended": time.time()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(keep(Path(sys.argv[1])))

@@ -1,0 +1,164 @@
+"""`swift app` (a chat page) and `swift web-ui` (the training console): gradio pages (the [app] extra)."""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from swift.app.i18n import LANGS
+from swift.arguments.base import ComposedArguments
+from swift.arguments.infer import EngineArguments
+from swift.arguments.model import ModelArguments
+from swift.arguments.template import TemplateArguments
+from swift.pipelines.base import resolve_args
+from swift.utils.registry import SwiftError
+
+SHARE_SERVER = ("api.gradio.app", 443)  # where gradio asks for a share link
+
+
+@dataclass
+class PageArguments:
+    server_name: str = field(default="127.0.0.1", metadata={"help": "Address the page binds (loopback unless told otherwise)."})
+    server_port: int = field(default=7860, metadata={"help": "Port of the page."})
+    share: bool = field(default=False, metadata={"help": "A public gradio.live link (needs gradio's share server on the internet)."})
+    lang: str = field(default="en", metadata={"help": "Language of every label: en or zh."})
+    studio_title: str | None = field(default=None, metadata={"help": "Title of the page."})
+
+    def __post_init__(self) -> None:
+        if self.lang not in LANGS:
+            raise SwiftError(f"--lang {self.lang!r} is not one of {', '.join(LANGS)}")
+        if not 0 < self.server_port < 65536:
+            raise SwiftError(f"--server_port must be in 1..65535, got {self.server_port}")
+
+
+@dataclass
+class ChatArguments:
+    base_url: str | None = field(default=None, metadata={
+        "help": "Chat with an OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of loading --model."})
+    api_key: str | None = field(default=None, metadata={"help": "Key of --base_url (default: $SWIFT_API_KEY)."})
+    stream: bool = field(default=True, metadata={"help": "Show the answer as it is generated."})
+    max_new_tokens: int = field(default=512, metadata={"help": "The page's default most tokens per answer."})
+    temperature: float = field(default=0.0, metadata={"help": "The page's default sampling temperature (0: greedy)."})
+    top_p: float = field(default=1.0, metadata={"help": "The page's default nucleus mass."})
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise SwiftError("--max_new_tokens must be at least 1")
+        if not 0 <= self.temperature <= 2 or not 0 < self.top_p <= 1:
+            raise SwiftError("--temperature must be in [0, 2] and --top_p in (0, 1]")
+
+
+class AppArguments(ComposedArguments):
+    """`swift app`: a chat page over a model (the engines of swift deploy) or an OpenAI-compatible server."""
+
+    parts: ClassVar[dict[str, type]] = {
+        "model_args": ModelArguments,
+        "template_args": TemplateArguments,
+        "engine_args": EngineArguments,
+        "chat_args": ChatArguments,
+        "page_args": PageArguments,
+    }
+
+    def __post_init__(self) -> None:
+        if self.base_url:
+            given = [flag for flag, value, default in (
+                ("--adapters", self.adapters, []), ("--infer_backend", self.infer_backend, "transformers"),
+                ("--template", self.template, None), ("--system", self.system, None)) if value != default]
+            if given:  # the server applies its own; the page would ignore these
+                raise SwiftError(f"{given[0]} does nothing with --base_url: the server at {self.base_url} chooses it")
+        elif not self.model and not self.adapters:
+            raise SwiftError("swift app needs --model (or --adapters), or --base_url")
+
+
+@dataclass
+class ConsoleArguments:
+    runs_dir: str = field(default="swift_runs", metadata={
+        "help": "Where launched runs go: one directory per run (its command, process id, log and outputs)."})
+    auth: str | None = field(default=None, metadata={"help": "user:password the page asks for."})
+    auth_file: str | None = field(default=None, metadata={"help": "A file holding user:password (kept off the command line)."})
+
+    def credentials(self) -> tuple[str, str] | None:
+        text, where = self.auth, "--auth"
+        if self.auth_file:
+            try:
+                with open(self.auth_file, encoding="utf-8") as f:
+                    text, where = f.read().strip(), f"--auth_file {self.auth_file}"
+            except OSError as e:
+                raise SwiftError(f"--auth_file {self.auth_file}: {e.strerror}") from None
+        if text is None:
+            return None
+        user, sep, password = text.partition(":")
+        if not sep or not user or not password:
+            raise SwiftError(f"{where}: expected user:password")
+        return user, password
+
+
+class WebUIArguments(ComposedArguments):
+    """`swift web-ui`: launch, watch, stop and chat with training and evaluation runs from a browser."""
+
+    parts: ClassVar[dict[str, type]] = {"page_args": PageArguments, "console_args": ConsoleArguments}
+
+    def __post_init__(self) -> None:
+        if self.auth and self.auth_file:
+            raise SwiftError("--auth and --auth_file: give one")
+
+
+def check_share(share: bool) -> None:
+    if not share:
+        return
+    try:
+        socket.create_connection(SHARE_SERVER, timeout=5).close()
+    except OSError:
+        raise SwiftError(f"--share: gradio's share server {SHARE_SERVER[0]} cannot be reached from this machine "
+                         "(no internet); open the page on --server_name instead") from None
+
+
+def _warn_if_open(server_name: str, guarded: bool, what: str) -> None:
+    import logging
+
+    if server_name not in ("127.0.0.1", "localhost", "::1") and not guarded:
+        logging.getLogger("swift").warning(
+            f"{what} binds {server_name} without --auth: anyone who reaches this address can use it")
+
+
+def app_main(args: AppArguments | list[str] | None = None) -> None:
+    from swift.app.chat import ChatBackend, build_app, require_gradio
+
+    require_gradio()
+    a = resolve_args(AppArguments, args, "swift app")
+    check_share(a.share)
+    if a.base_url:
+        from swift.infer.client import api_base
+
+        backend = ChatBackend(base_url=api_base(a.base_url), api_key=a.api_key, model=a.model, name=a.base_url)
+    else:
+        from swift.infer.factory import build_engine
+
+        engine, adapters = build_engine(a)
+        backend = ChatBackend(engine, adapters, name=a.model or ", ".join(adapters.values()))
+    demo = build_app(backend, title=a.studio_title, lang=a.lang, system=a.system, stream=a.stream,
+                     temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens)
+    try:
+        demo.queue(default_concurrency_limit=None).launch(server_name=a.server_name, server_port=a.server_port,
+                                                          share=a.share, show_error=False, quiet=False)
+    finally:
+        backend.close()
+
+
+def web_ui_main(args: WebUIArguments | list[str] | None = None) -> None:
+    from swift.app.chat import require_gradio
+    from swift.app.console import build_console
+
+    require_gradio()
+    a = resolve_args(WebUIArguments, args, "swift web-ui")
+    check_share(a.share)
+    auth = a.console_args.credentials()
+    _warn_if_open(a.server_name, auth is not None, "swift web-ui")
+    os.makedirs(a.runs_dir, exist_ok=True)
+    demo, backend = build_console(os.path.abspath(a.runs_dir), lang=a.lang, title=a.studio_title)
+    try:
+        demo.queue(default_concurrency_limit=None).launch(server_name=a.server_name, server_port=a.server_port,
+                                                          share=a.share, auth=auth, show_error=False, quiet=False)
+    finally:
+        backend.close()

@@ -1,0 +1,86 @@
+"""`swift app` in a real browser (headless Chromium): the quickstart's model answers `12+34=` on
+the page, streamed; an unreachable --base_url shows one error line and the page keeps working."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.app.browser import bot_messages, chromium, click, element, gradio_errors, text_of, type_into, wait_for
+from tests.app.pages import start_page, stop_page
+from tests.deploy.serving import free_port
+
+
+
+def screenshot(driver, name: str, tmp_path) -> None:
+    """Into $SWIFT_TEST_SCREENSHOTS (how docs/images/*.png are made), else the test's folder."""
+    folder = os.environ.get("SWIFT_TEST_SCREENSHOTS") or str(tmp_path)
+    os.makedirs(folder, exist_ok=True)
+    assert driver.save_screenshot(os.path.join(folder, name))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = chromium()
+    yield driver
+    driver.quit()
+
+
+def test_the_page_streams_the_quickstart_models_answer(quickstart, browser, tmp_path):
+    from swift.infer.factory import build_engine
+    from swift.infer.protocol import InferRequest, RequestConfig
+    from swift.pipelines.app import AppArguments
+
+    _, out = quickstart
+    model = os.path.join(out, "sft")
+    engine, _ = build_engine(AppArguments(model=model))  # the reference: the same engine, called directly
+    first = [{"role": "user", "content": "12+34="}]
+    try:
+        want = engine.infer([InferRequest(messages=first)], RequestConfig(max_tokens=16))[0].choices[0].text
+        second = [*first, {"role": "assistant", "content": want}, {"role": "user", "content": "07+45="}]
+        want2 = engine.infer([InferRequest(messages=second)], RequestConfig(max_tokens=16))[0].choices[0].text
+    finally:
+        engine.close()
+    assert want == "46"
+    url, proc = start_page("app", "--model", model, "--max_new_tokens", "16", "--studio_title", "swift quickstart",
+                           log=str(tmp_path / "app.log"))
+    try:
+        browser.get(url)
+        wait_for(lambda: element(browser, "message", "textarea"), what="the message box")
+        type_into(browser, "message", "12+34=", enter=True)
+        answers = wait_for(lambda: [m for m in bot_messages(browser) if m.strip() == want], timeout=60,
+                           what="the answer")
+        assert answers == [want]
+        # multi-turn: the history goes with the next message; regenerate replaces the last answer
+        type_into(browser, "message", "07+45=", enter=True)
+        wait_for(lambda: len(bot_messages(browser)) == 2 and bot_messages(browser)[1].strip() == want2.strip(),
+                 timeout=60, what="the second answer")
+        click(browser, "regenerate")
+        wait_for(lambda: len(bot_messages(browser)) == 2 and bot_messages(browser)[1].strip() == want2.strip(),
+                 timeout=60, what="the regenerated answer")
+        screenshot(browser, "app.png", tmp_path)
+        click(browser, "clear")
+        wait_for(lambda: not bot_messages(browser), what="the cleared conversation")
+        assert gradio_errors(browser) == []
+    finally:
+        stop_page(proc)
+
+
+def test_an_unreachable_base_url_is_one_line_on_the_page(browser, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    url, proc = start_page("app", "--base_url", dead, "--lang", "zh", log=str(tmp_path / "app.log"))
+    try:
+        browser.get(url)
+        wait_for(lambda: element(browser, "message", "textarea"), what="the message box")
+        assert text_of(browser, "send") == "发送"  # --lang zh
+        for attempt in range(2):  # the page keeps working after an error
+            type_into(browser, "message", "hello", enter=True)
+            line = wait_for(lambda: text_of(browser, "error"), timeout=30, what="the error line")
+            assert "cannot reach the server" in line and dead.rsplit("/", 1)[0] in line, line
+            assert "\n" not in line.strip()
+            assert bot_messages(browser) == []
+            click(browser, "clear")
+            wait_for(lambda: not text_of(browser, "error"), what="the cleared error")
+        assert proc.poll() is None
+    finally:
+        stop_page(proc)

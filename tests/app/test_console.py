@@ -1,0 +1,178 @@
+"""`swift web-ui` in a real browser (headless Chromium): every tab renders without gradio errors; an sft
+run launched from the form trains 30 steps while the page shows its progress and draws its loss; a
+second run is stopped; a restarted console lists both from their directories; the finished run's
+model answers in the Chat tab."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from tests.app.browser import bot_messages, chromium, click, element, gradio_errors, text_of, type_into, wait_for
+from tests.app.pages import start_page, stop_page
+from tests.app.test_app import screenshot
+
+
+def reference_answer(model: str, question: str, max_tokens: int) -> str:
+    from swift.infer.factory import build_engine
+    from swift.infer.protocol import InferRequest, RequestConfig
+    from swift.pipelines.app import AppArguments
+
+    engine, _ = build_engine(AppArguments(model=model))
+    try:
+        return engine.infer([InferRequest(messages=[{"role": "user", "content": question}])],
+                            RequestConfig(max_tokens=max_tokens))[0].choices[0].text
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = chromium()
+    yield driver
+    driver.quit()
+
+
+def open_tab(driver, name: str) -> None:
+    """Click the tab button whose text is `name`."""
+    buttons = [b for b in driver.find_elements(By.CSS_SELECTOR, "button[role='tab']") if b.text.strip() == name]
+    assert buttons, f"no tab {name!r}"
+    driver.execute_script("arguments[0].click();", buttons[0])
+
+
+def runs_table(driver) -> dict[str, list[str]]:
+    """run id -> its row's cells, as the Runs tab shows them."""
+    rows = {}
+    for row in driver.find_elements(By.CSS_SELECTOR, "#runs_table [role='row'].virtual-row"):
+        cells = [cell.text.strip() for cell in row.find_elements(By.CSS_SELECTOR, "[role='gridcell']")]
+        if cells and cells[0]:
+            rows[cells[0]] = cells
+    return rows
+
+
+def choose(driver, elem_id: str, value: str) -> None:
+    """Pick `value` in a gr.Dropdown."""
+    box = element(driver, elem_id, "input")
+    box.click()
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(value)
+    box.send_keys(Keys.ENTER)
+
+
+def select_run(driver, run_id: str) -> None:
+    choose(driver, "run_select", run_id)
+    wait_for(lambda: run_id in text_of(driver, "run_status"), what=f"{run_id} selected")
+
+
+# full fine-tuning at a high rate: within 30 steps of 64 rows the tiny model answers with a digit
+# (after 10 it still ends at once), and the steps take long enough for the page to see them pass
+EXTRA = "--save_strategy no --report_to none --learning_rate 3e-3"
+
+
+def fill_sft(driver, max_steps: int) -> None:
+    open_tab(driver, "Launch")
+    open_tab(driver, "swift sft")
+    type_into(driver, "sft-model", "builtin:tiny-chat")
+    type_into(driver, "sft-dataset", "builtin:arith-sft#2048")
+    choose(driver, "sft-tuner_type", "full")
+    type_into(driver, "sft-max_steps", str(max_steps))
+    type_into(driver, "sft-logging_steps", "1")
+    type_into(driver, "sft-per_device_train_batch_size", "64")
+    type_into(driver, "sft-extra", EXTRA)
+
+
+def launch(driver) -> str:
+    click(driver, "sft-launch")
+    message = wait_for(lambda: "sft-" in text_of(driver, "sft-message") and text_of(driver, "sft-message"),
+                       what="the launched run")
+    return message.split("`")[-2] if "`" in message else message.split()[-1]
+
+
+def test_console_launches_watches_stops_and_chats(browser, tmp_path):
+    runs_dir = tmp_path / "runs"
+    log = str(tmp_path / "console.log")
+    url, proc = start_page("web-ui", "--runs_dir", str(runs_dir), log=log)
+    try:
+        browser.get(url)
+        wait_for(lambda: element(browser, "pt-model", "textarea, input"), what="the first form")
+        for tab in ["swift pt", "swift rlhf", "swift infer", "swift eval", "swift sample", "swift merge-lora",
+                    "swift sft", "Runs", "Chat", "Launch"]:
+            open_tab(browser, tab)
+        assert gradio_errors(browser) == []
+
+        # a misspelt flag: one line from our parser, nothing launched
+        fill_sft(browser, 30)
+        type_into(browser, "sft-extra", "--lerning_rate 1e-3")
+        click(browser, "sft-check")
+        line = wait_for(lambda: text_of(browser, "sft-message"), what="the error line")
+        assert "unknown flag '--lerning_rate'" in line and "--learning_rate" in line, line
+        click(browser, "sft-launch")
+        wait_for(lambda: "lerning" in text_of(browser, "sft-message"), what="the refused launch")
+        assert not runs_dir.exists() or not any(runs_dir.iterdir())
+
+        # the exact command, then the run
+        type_into(browser, "sft-extra", EXTRA)
+        click(browser, "sft-check")
+        command = wait_for(lambda: element(browser, "sft-command", "textarea").get_attribute("value"),
+                           what="the command")
+        assert command.startswith("swift sft --model builtin:tiny-chat --dataset 'builtin:arith-sft#2048'") \
+            and "--max_steps 30" in command and "--tuner_type full" in command and "--add_version false" in command, command
+        finished = launch(browser)
+        open_tab(browser, "Runs")
+        select_run(browser, finished)
+        seen = set()
+
+        def progress():
+            status = text_of(browser, "run_status")
+            if "step " in status:
+                seen.add(status.split("step ")[1].split()[0])
+            return "finished" in status and status
+
+        wait_for(progress, timeout=240, every=0.2, what="the run to finish")
+        assert "30/30" in seen and len(seen) >= 3, seen  # the page showed the progress advance
+        wait_for(lambda: element(browser, "run_curves", "img"), what="the loss curve")
+        assert "'train_loss'" in element(browser, "run_log", "textarea").get_attribute("value")  # the log's tail
+        screenshot(browser, "web-ui.png", tmp_path)
+
+        # a second run, stopped while it trains
+        fill_sft(browser, 100000)
+        stopped = launch(browser)
+        open_tab(browser, "Runs")
+        select_run(browser, stopped)
+        wait_for(lambda: "step " in text_of(browser, "run_status"), timeout=120, what="the second run training")
+        click(browser, "stop_run")
+        wait_for(lambda: "stopped" in text_of(browser, "run_status"), timeout=60, what="the stopped run")
+        exit_record = json.loads((runs_dir / stopped / "swift_exit.json").read_text())
+        assert exit_record["stopped"] and exit_record["returncode"] != 0
+
+        # a restarted console finds both runs from their directories
+        stop_page(proc)
+        url, proc = start_page("web-ui", "--runs_dir", str(runs_dir), log=log)
+        browser.get(url)
+        browser.get_log("browser")  # the old page's failed heartbeats to the stopped console: expected
+        wait_for(lambda: element(browser, "pt-model", "textarea, input"), what="the restarted console")
+        open_tab(browser, "Runs")
+        rows = wait_for(lambda: len(runs_table(browser)) == 2 and runs_table(browser), what="both runs listed")
+        assert rows[finished][1] == "finished" and rows[finished][2] == "step 30/30 (100%)", rows
+        assert rows[stopped][1] == "stopped", rows
+
+        # chat with the finished run's model: the page's answer is the engine's
+        want = reference_answer(str(runs_dir / finished), "12+34=", max_tokens=2)
+        assert want.strip()
+        select_run(browser, finished)
+        click(browser, "chat_run")
+        open_tab(browser, "Chat")
+        wait_for(lambda: finished in text_of(browser, "chat_model"), timeout=60, what="the run's model loaded")
+        click(browser, "chat_settings", "button")  # open the generation settings
+        type_into(browser, "chat_max_new_tokens", "2")
+        type_into(browser, "chat_message", "12+34=", enter=True)
+        wait_for(lambda: bot_messages(browser, "chat_chatbot") == [want.strip()], timeout=60,
+                 what=f"the run's model answering {want!r}")
+        assert text_of(browser, "chat_error") == ""
+        assert gradio_errors(browser) == []
+    finally:
+        stop_page(proc)
+    assert "Traceback" not in open(log, errors="replace").read()  # no handler of either console failed
