@@ -109,15 +109,8 @@ def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, st
         adapter_box = gr.Dropdown(choices=choices, value=chosen, label=t("adapter"), elem_id=f"{prefix}adapter",
                                   visible=bool(backend.adapters))
 
-    def user_turn(text: str, history: list):
-        if not text.strip():
-            return "", history
-        return "", [*history, {"role": "user", "content": text}]
-
     async def answer(history: list, system_text: str, temp, top, max_tokens, adapter):
-        if not history or history[-1]["role"] != "user":
-            yield history, ""
-            return
+        """(history, error line) as the answer to the last user message grows."""
         messages = ([{"role": "system", "content": system_text}] if system_text.strip() else []) + [
             {"role": m["role"], "content": _text(m["content"])} for m in history]
         history = [*history, {"role": "assistant", "content": ""}]
@@ -134,18 +127,31 @@ def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, st
             return
         yield history, ""
 
-    def drop_answer(history: list):
+    # one event per message (the user's turn shown, then the answer streamed): a second event
+    # would cost the page another round trip before the first token
+    async def send_message(text: str, history: list, *settings):
+        if not text.strip():
+            yield text, history, gr.update()
+            return
+        history = [*history, {"role": "user", "content": text}]
+        yield "", history, ""
+        async for shown, err in answer(history, *settings):
+            yield "", shown, err
+
+    async def regenerate_answer(history: list, *settings):
         while history and history[-1]["role"] == "assistant":
             history = history[:-1]
-        return history
+        if not history:
+            yield history, ""
+            return
+        yield history, ""
+        async for shown, err in answer(history, *settings):
+            yield shown, err
 
     settings = [system_box, temperature_box, top_p_box, max_tokens_box, adapter_box]
-    events = []
-    for trigger in (message.submit, send.click):
-        events.append(trigger(user_turn, [message, chatbot], [message, chatbot], queue=False).then(
-            answer, [chatbot, *settings], [chatbot, error]))
-    events.append(regenerate.click(drop_answer, chatbot, chatbot, queue=False).then(
-        answer, [chatbot, *settings], [chatbot, error]))
+    events = [trigger(send_message, [message, chatbot, *settings], [message, chatbot, error])
+              for trigger in (message.submit, send.click)]
+    events.append(regenerate.click(regenerate_answer, [chatbot, *settings], [chatbot, error]))
     stop.click(None, cancels=events)
     clear.click(lambda: ([], ""), None, [chatbot, error], cancels=events, queue=False)
     return adapter_box, adapter_choices
