@@ -26,7 +26,8 @@ LIST_FLAGS = {name for name, kind in COMMON if kind == "list"}  # space-separate
 # where a command writes, set to the run's directory unless the form says otherwise
 OUTPUT_FLAGS = {"output_dir": "{dir}", "eval_output_dir": "{dir}", "result_path": "{dir}/infer_result.jsonl"}
 # logged numbers that are bookkeeping, not curves
-NOT_CURVES = {"global_step", "max_steps", "epoch", "elapsed_s", "total_flos", "train_runtime", "step"}
+NOT_CURVES = {"global_step", "max_steps", "epoch", "elapsed_s", "total_flos", "train_runtime", "step",
+              "train_loss"}  # train_loss: the whole run's mean, logged once at the end
 FIRST_CURVES = ("loss", "reward", "kl", "learning_rate", "value_loss", "vf_loss", "eval_loss", "eval_acc")
 
 

@@ -93,7 +93,8 @@ class Run:
         except OSError:
             return ""
         # a progress bar rewrites its line with carriage returns: keep each line's last state
-        return "\n".join(line.split("\r")[-1] for line in text.splitlines()[-lines:])
+        shown = [next((part for part in reversed(line.split("\r")) if part.strip()), "") for line in text.split("\n")]
+        return "\n".join([line for line in shown if line.strip()][-lines:])
 
     def logging_file(self) -> Path | None:
         """The newest logging.jsonl the command wrote under its directory."""

@@ -13,15 +13,18 @@ from selenium.webdriver.common.keys import Keys
 def chromium() -> webdriver.Chrome:
     """Debian's chromium and chromium-driver (installed by .ci/run), headless, with the browser's
     console log kept (`driver.get_log("browser")`)."""
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not binary or not driver:
+        raise RuntimeError("the browser tests need Debian's chromium and chromium-driver "
+                           "(README: apt-get install -y chromium chromium-driver)")
     options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    options.binary_location = binary
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = Service(executable_path=shutil.which("chromedriver") or "/usr/bin/chromedriver")
-    driver = webdriver.Chrome(options=options, service=service)
-    driver.set_page_load_timeout(60)
-    return driver
+    browser = webdriver.Chrome(options=options, service=Service(executable_path=driver))
+    browser.set_page_load_timeout(60)
+    return browser
 
 
 def wait_for(condition, timeout: float = 60.0, every: float = 0.1, what: str = "the page"):

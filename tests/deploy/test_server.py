@@ -252,3 +252,26 @@ def test_load_200_requests_at_concurrency_16(server):
     errors = [r for r in results if isinstance(r, BaseException)]
     assert not errors, errors[:3]
     assert all(reason in ("stop", "length") and (reason == "stop" or tokens == 16) for reason, tokens in results)
+
+
+def test_the_chat_pages_client_streams_what_the_server_answers(server):
+    """`swift app --base_url`'s backend (ClientEngine.stream_async): the streamed pieces join to the
+    server's whole answer, for the adapter named by --model; a bad key is one line."""
+    from swift.app.chat import ChatBackend
+    from swift.utils.registry import SwiftError
+
+    messages = [{"role": "user", "content": "12+34="}]
+    want = client(server).chat.completions.create(model="arith", messages=messages, max_tokens=6,
+                                                  temperature=0).choices[0].message.content
+    backend = ChatBackend(base_url=server + "/v1", api_key=API_KEY, model="arith")
+
+    async def collect(b):
+        return [piece async for piece in b.stream(messages, 0.0, 1.0, 6, None)]
+
+    try:
+        pieces = asyncio.run(collect(backend))
+    finally:
+        backend.close()
+    assert "".join(pieces) == want and len(pieces) >= 2
+    with pytest.raises(SwiftError, match=r"--base_url .*HTTP 401"):
+        asyncio.run(collect(ChatBackend(base_url=server + "/v1", api_key="wrong", model="arith")))
