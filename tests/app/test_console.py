@@ -5,7 +5,6 @@ model answers in the Chat tab."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from selenium.webdriver.common.by import By
