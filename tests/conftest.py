@@ -213,16 +213,6 @@ def quickstart_key() -> str:
     return key_of(files=("examples/quickstart.sh",))
 
 
-def _ahead_of_the_others() -> None:
-    """The quickstart's build is the suite's critical path (the learning checks start from its model)
-    while the other workers share the same cores: where allowed (root, as in CI), its processes get a
-    higher priority than theirs. Only the schedule changes, not what is computed."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, -5)
-    except OSError:  # an ordinary user may only lower priority: the build runs as the others do
-        pass
-
-
 @pytest.fixture(scope="session")
 def quickstart(request):
     """examples/quickstart.sh (pt then sft on built-in arithmetic), run once for all workers and kept
@@ -239,7 +229,7 @@ def quickstart(request):
     def build(out: Path) -> None:  # the script's default seed, whatever SEED this shell has
         env = {**{k: v for k, v in os.environ.items() if k != "SEED"}, "OUT": str(out / "qs")}
         proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "quickstart.sh")], cwd=out, env=env,
-                              capture_output=True, text=True, preexec_fn=_ahead_of_the_others)
+                              capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
         (out / "stdout.txt").write_text(proc.stdout)
 

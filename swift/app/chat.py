@@ -7,6 +7,7 @@ and the page go on.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import replace
 
@@ -20,6 +21,9 @@ def require_gradio():
     except ImportError:
         raise SwiftError('swift app / swift web-ui need gradio: pip install -e ".[app]"') from None
     return gradio
+
+
+CLIENT_TIMEOUT = 120.0  # seconds a --base_url server may keep the page waiting for a reply or a piece
 
 
 class ChatBackend:
@@ -38,7 +42,8 @@ class ChatBackend:
             if self._engine is None and self.base_url:
                 from swift.infer.client import ClientEngine
 
-                self._engine = ClientEngine(self.base_url, api_key=self.api_key, model=self.model, flag="--base_url")
+                self._engine = ClientEngine(self.base_url, api_key=self.api_key, model=self.model, flag="--base_url",
+                                            timeout=CLIENT_TIMEOUT)
             return self._engine
 
     def swap(self, engine, adapters: dict[str, str], name: str) -> None:
@@ -56,7 +61,7 @@ class ChatBackend:
         """The answer's text, piece by piece."""
         from swift.infer.protocol import InferRequest, RequestConfig
 
-        engine = self.engine()
+        engine = await asyncio.to_thread(self.engine)  # --base_url: the first call asks the server for its models
         if engine is None:
             raise SwiftError("no model is loaded")
         request = InferRequest(messages=messages, adapter=adapter)

@@ -8,6 +8,7 @@ command has it); every other flag goes through the free-text box.
 """
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -66,10 +67,20 @@ def with_outputs(cls: type, argv: list[str], run_dir: str) -> list[str]:
 
 
 def check(command: str, cls: type, argv: list[str]) -> None:
-    """The command's own parser and checks (one line on failure)."""
+    """The command's own parser and checks (one line on failure), with nothing left behind in this
+    process: some checks set environment variables that later launches would inherit."""
     from swift.arguments.parser import parse_args
 
-    parse_args(cls, argv, prog=f"swift {command}")
+    if {"-h", "--help"} & set(argv):  # argparse would print and exit the console
+        raise SwiftError(f"-h/--help: run `swift {command} --help` in a shell for every flag")
+    environ = dict(os.environ)
+    try:
+        parse_args(cls, argv, prog=f"swift {command}")
+    except SystemExit as e:  # any other way a parser may try to end the process
+        raise SwiftError(f"the flags were refused (exit {e.code})") from None
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def find_run(runs_dir: str, run_id: str | None):
@@ -242,7 +253,7 @@ def _runs(gr, t, runs_dir: str, backend):
 
     outputs = [table, run_select, status, curves, log, shown]
     timer.tick(refresh, [run_select, shown], outputs, show_progress="hidden")
-    run_select.change(lambda s: refresh(s, None), run_select, outputs, show_progress="hidden")
+    run_select.input(lambda s: refresh(s, None), run_select, outputs, show_progress="hidden")  # the user's choice
 
     def on_stop(selected: str | None):
         run = find_run(runs_dir, selected)

@@ -21,8 +21,6 @@ LABELS: dict[str, tuple[str, str]] = {
     "adapter": ("Adapter", "适配器"),
     "base_model": ("(base model)", "（基础模型）"),
     "error": ("Error", "错误"),
-    "no_model": ("No model is loaded: open a finished run in the Runs tab first.",
-                 "尚未加载模型：请先在运行列表中打开一个已完成的运行。"),
     # the console
     "console_title": ("swift web-ui", "swift 训练控制台"),
     "launch_tab": ("Launch", "启动"),
@@ -35,7 +33,6 @@ LABELS: dict[str, tuple[str, str]] = {
     "launch": ("Launch", "启动"),
     "launched": ("Launched", "已启动"),
     "run": ("Run", "运行"),
-    "refresh": ("Refresh", "刷新"),
     "status": ("Status", "状态"),
     "progress": ("Progress", "进度"),
     "log": ("Log (last lines)", "日志（最后几行）"),
@@ -44,7 +41,6 @@ LABELS: dict[str, tuple[str, str]] = {
     "chat_with_run": ("Chat with this run's model", "与该运行的模型对话"),
     "chat_model": ("Model in the chat", "对话中的模型"),
     "no_runs": ("No runs yet.", "暂无运行。"),
-    "no_metrics": ("No metrics logged yet.", "尚无记录的指标。"),
     "runs_table": ("All runs", "全部运行"),
 }
 

@@ -97,9 +97,9 @@ class Run:
         return "\n".join([line for line in shown if line.strip()][-lines:])
 
     def logging_file(self) -> Path | None:
-        """The newest logging.jsonl the command wrote under its directory."""
-        found = [p for p in self.directory.rglob("logging.jsonl") if p.is_file()]
-        return max(found, key=lambda p: p.stat().st_mtime) if found else None
+        """The newest logging.jsonl the command wrote under its directory (a checkpoint deleted
+        while this looks is skipped)."""
+        return _newest(self.directory, "logging.jsonl")
 
     def metrics(self) -> list[dict]:
         path = self.logging_file()
@@ -123,13 +123,27 @@ class Run:
     def model_dir(self) -> tuple[str | None, str | None]:
         """(model, adapter) a finished training run left: its result.json's model directory, an
         adapter directory when it holds adapter_config.json."""
-        found = sorted((p for p in self.directory.rglob("result.json") if p.is_file()), key=lambda p: p.stat().st_mtime)
-        if not found:
+        found = _newest(self.directory, "result.json")
+        if found is None:
             return None, None
-        model = (_read_json(found[-1]) or {}).get("model_dir") or str(found[-1].parent)
+        model = (_read_json(found) or {}).get("model_dir") or str(found.parent)
         if os.path.isfile(os.path.join(model, "adapter_config.json")):
             return None, model
         return model, None
+
+
+def _newest(directory: Path, name: str) -> Path | None:
+    """The most recently written file of that name under `directory`, at most 3 levels down."""
+    best, best_time = None, -1.0
+    for depth in range(4):
+        for path in directory.glob("/".join(["*"] * depth + [name])):
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:  # removed meanwhile
+                continue
+            if mtime > best_time:
+                best, best_time = path, mtime
+    return best
 
 
 def load_run(directory: Path) -> Run | None:
@@ -207,10 +221,23 @@ def keep(directory: Path) -> int:
                 break
             except subprocess.TimeoutExpired:
                 if stopping and time.time() - stopping[0] > STOP_GRACE:
-                    child.kill()
+                    _kill_tree()
+    if stopping:
+        _kill_tree()  # workers (torchrun's ranks, engine processes) that outlived the command
     _write_json(directory / EXIT_FILE, {"returncode": code, "stopped": bool(stopping) or
                                         (directory / STOP_FILE).exists(), "ended": time.time()})
     return 0
+
+
+def _kill_tree() -> None:
+    """SIGKILL to every process below the keeper."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
 
 
 if __name__ == "__main__":

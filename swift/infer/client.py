@@ -4,6 +4,7 @@ engine, for `swift eval --eval_url`, `swift sample --sampler_engine client` and 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -98,10 +99,15 @@ class ClientEngine(InferEngine):
         connection, so the server stops generating for a reader that has left."""
         path, body = self._body(request, config)
         loop = asyncio.get_running_loop()
-        response = await loop.run_in_executor(self._pool, self._open, path, {**body, "stream": True})
+        opening = loop.run_in_executor(self._pool, self._open, path, {**body, "stream": True})
+        try:
+            response = await asyncio.shield(opening)
+        except asyncio.CancelledError:  # the reader left while the request was being sent
+            opening.add_done_callback(lambda f: None if f.cancelled() or f.exception() else _close(f.result()))
+            raise
         try:
             while True:
-                line = await loop.run_in_executor(self._pool, response.readline)
+                line = await loop.run_in_executor(self._pool, _readline, response)
                 if not line:
                     break
                 line = line.decode(errors="replace").strip()
@@ -122,7 +128,7 @@ class ClientEngine(InferEngine):
                     raise SwiftError(f"{self.flag} {self.base}{path}: not an OpenAI stream ({type(e).__name__}: {e})") \
                         from None
         finally:
-            response.close()
+            _close(response)
 
     def _open(self, path: str, body: dict):
         """The open HTTP response of a POST (errors as in `_call`)."""
@@ -138,6 +144,33 @@ class ClientEngine(InferEngine):
     def _headers(self) -> dict[str, str]:
         return {"Content-Type": "application/json",
                 **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})}
+
+
+def _readline(response) -> bytes:
+    """The next line of a stream; b"" at its end, or once `_close` has cut it off (the error a read
+    cut off by then raises has no reader left to hear it)."""
+    try:
+        return response.readline()
+    except (OSError, ValueError, AttributeError, http.client.HTTPException):
+        if response.isclosed() or response.fp is None:
+            return b""
+        raise
+
+
+def _close(response) -> None:
+    """Close a streamed response at once, even while a pool thread is blocked reading it: shutting
+    the socket down first ends that read (a plain close would wait for it), and the server sees the
+    client leave."""
+    import socket
+
+    try:
+        response.fp.raw._sock.shutdown(socket.SHUT_RDWR)
+    except (AttributeError, OSError):
+        pass
+    try:
+        response.close()
+    except OSError:
+        pass
 
 
 def _error_message(e: urllib.error.HTTPError) -> str:

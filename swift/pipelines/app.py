@@ -61,14 +61,36 @@ class AppArguments(ComposedArguments):
     }
 
     def __post_init__(self) -> None:
+        """Refuse what this mode does not read: with --base_url the server loads, templates and
+        batches (only --model, picking one of its models, and --system, the page's first system
+        prompt, are read); in process the training-only template flags and --api_key are unread."""
+        import dataclasses
+
         if self.base_url:
-            given = [flag for flag, value, default in (
-                ("--adapters", self.adapters, []), ("--infer_backend", self.infer_backend, "transformers"),
-                ("--template", self.template, None), ("--system", self.system, None)) if value != default]
-            if given:  # the server applies its own; the page would ignore these
-                raise SwiftError(f"{given[0]} does nothing with --base_url: the server at {self.base_url} chooses it")
-        elif not self.model and not self.adapters:
-            raise SwiftError("swift app needs --model (or --adapters), or --base_url")
+            read = {"model", "system"}
+            parts = ("model_args", "template_args", "engine_args")
+        else:
+            read = set()
+            parts = ()
+            if self.api_key:
+                raise SwiftError("--api_key is the key of --base_url; without --base_url the model runs here")
+            if self.task_type != "causal_lm":
+                raise SwiftError(f"--task_type {self.task_type}: the chat page generates text (causal_lm)")
+            for flag in ("truncation_strategy", "loss_scale"):  # training-only template flags
+                field = next(f for f in dataclasses.fields(TemplateArguments) if f.name == flag)
+                if getattr(self, flag) != field.default:
+                    raise SwiftError(f"--{flag} applies to training; the chat page does not read it")
+            if not self.model and not self.adapters:
+                raise SwiftError("swift app needs --model (or --adapters), or --base_url")
+        for part in parts:
+            obj, cls = getattr(self, part), self.parts[part]
+            for f in dataclasses.fields(cls):
+                if f.name in read or f.name.startswith("_"):
+                    continue
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                if getattr(obj, f.name) != default:
+                    raise SwiftError(f"--{f.name} does nothing with --base_url: the server at {self.base_url} "
+                                     "loads and runs the model")
 
 
 @dataclass
@@ -114,20 +136,24 @@ def check_share(share: bool) -> None:
                          "(no internet); open the page on --server_name instead") from None
 
 
-def _warn_if_open(server_name: str, guarded: bool, what: str) -> None:
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _warn_if_open(server_name: str, guarded: bool, what: str, can: str = "use it") -> None:
     import logging
 
-    if server_name not in ("127.0.0.1", "localhost", "::1") and not guarded:
+    if server_name not in LOOPBACK and not guarded:
         logging.getLogger("swift").warning(
-            f"{what} binds {server_name} without --auth: anyone who reaches this address can use it")
+            f"{what} binds {server_name} without --auth: anyone who reaches this address can {can}")
 
 
 def app_main(args: AppArguments | list[str] | None = None) -> None:
     from swift.app.chat import ChatBackend, build_app, require_gradio
 
-    require_gradio()
     a = resolve_args(AppArguments, args, "swift app")
+    require_gradio()
     check_share(a.share)
+    _warn_if_open(a.server_name, False, "swift app", "chat with the model")  # the page has no password
     if a.base_url:
         from swift.infer.client import api_base
 
@@ -135,7 +161,9 @@ def app_main(args: AppArguments | list[str] | None = None) -> None:
     else:
         from swift.infer.factory import build_engine
 
+        system, a.system = a.system, None  # the page's system box holds it (emptied there, it is gone)
         engine, adapters = build_engine(a)
+        a.system = system
         backend = ChatBackend(engine, adapters, name=a.model or ", ".join(adapters.values()))
     demo = build_app(backend, title=a.studio_title, lang=a.lang, system=a.system, stream=a.stream,
                      temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens)
@@ -150,11 +178,13 @@ def web_ui_main(args: WebUIArguments | list[str] | None = None) -> None:
     from swift.app.chat import require_gradio
     from swift.app.console import build_console
 
-    require_gradio()
     a = resolve_args(WebUIArguments, args, "swift web-ui")
-    check_share(a.share)
+    require_gradio()
     auth = a.console_args.credentials()
-    _warn_if_open(a.server_name, auth is not None, "swift web-ui")
+    if a.share and auth is None:  # a public link to a page that runs commands as this user
+        raise SwiftError("--share publishes the console, which runs commands as this user: give --auth or --auth_file")
+    check_share(a.share)
+    _warn_if_open(a.server_name, auth is not None, "swift web-ui", "run commands as this user")
     os.makedirs(a.runs_dir, exist_ok=True)
     demo, backend = build_console(os.path.abspath(a.runs_dir), lang=a.lang, title=a.studio_title)
     try:

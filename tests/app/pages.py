@@ -16,8 +16,12 @@ def start_page(command: str, *argv: str, timeout: float = 180, cwd: str | None =
     `log`: a file for the page's output (else it is dropped)."""
     port = free_port()
     out = open(log, "ab") if log else subprocess.DEVNULL
-    proc = subprocess.Popen([*SWIFT, command, "--server_port", str(port), *argv], cwd=cwd, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc = subprocess.Popen([*SWIFT, command, "--server_port", str(port), *argv], cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        if log:
+            out.close()  # the process has its own copy
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + timeout
     while True:

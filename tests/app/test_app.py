@@ -39,9 +39,10 @@ def test_the_page_streams_the_quickstart_models_answer(quickstart, browser, tmp_
         want = engine.infer([InferRequest(messages=first)], RequestConfig(max_tokens=16))[0].choices[0].text
         second = [*first, {"role": "assistant", "content": want}, {"role": "user", "content": "07+45="}]
         want2 = engine.infer([InferRequest(messages=second)], RequestConfig(max_tokens=16))[0].choices[0].text
+        want2_cut = engine.infer([InferRequest(messages=second)], RequestConfig(max_tokens=1))[0].choices[0].text
     finally:
         engine.close()
-    assert want == "46"
+    assert want == "46" and len(want2.strip()) >= 2 and want2_cut.strip() != want2.strip()
     url, proc = start_page("app", "--model", model, "--max_new_tokens", "16", "--studio_title", "swift quickstart",
                            log=str(tmp_path / "app.log"))
     try:
@@ -55,9 +56,12 @@ def test_the_page_streams_the_quickstart_models_answer(quickstart, browser, tmp_
         type_into(browser, "message", "07+45=", enter=True)
         wait_for(lambda: len(bot_messages(browser)) == 2 and bot_messages(browser)[1].strip() == want2.strip(),
                  timeout=60, what="the second answer")
+        # Regenerate with one new token at most (the page's setting): the last answer is replaced
+        click(browser, "settings", "button")
+        type_into(browser, "max_new_tokens", "1")
         click(browser, "regenerate")
-        wait_for(lambda: len(bot_messages(browser)) == 2 and bot_messages(browser)[1].strip() == want2.strip(),
-                 timeout=60, what="the regenerated answer")
+        wait_for(lambda: bot_messages(browser) == [want, want2_cut.strip()], timeout=60,
+                 what="the regenerated answer")
         screenshot(browser, "app.png", tmp_path)
         click(browser, "clear")
         wait_for(lambda: not bot_messages(browser), what="the cleared conversation")

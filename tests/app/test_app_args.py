@@ -5,7 +5,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -14,11 +13,12 @@ from swift.app.console import find_run, launchable, with_outputs
 from swift.app.i18n import LABELS
 from swift.pipelines import app as P
 from swift.utils.registry import SwiftError
+from tests.conftest import SWIFT
 from tests.deploy.serving import free_port
 
 
 def swift(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swift", *argv], capture_output=True, text=True, timeout=120)
+    return subprocess.run([*SWIFT, *argv], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -26,6 +26,12 @@ def swift(*argv: str) -> subprocess.CompletedProcess:
     (["app", "--base_url", "http://127.0.0.1:9/v1", "--adapters", "x"], "--adapters does nothing with --base_url"),
     (["app", "--model", "builtin:tiny-chat", "--lang", "fr"], "--lang 'fr' is not one of en, zh"),
     (["web-ui", "--auth", "nopassword"], "--auth: expected user:password"),
+    (["web-ui", "--share", "true"], "--share publishes the console, which runs commands as this user"),
+    (["app", "--base_url", "http://127.0.0.1:9/v1", "--torch_dtype", "float16"], "--torch_dtype does nothing with --base_url"),
+    (["app", "--base_url", "http://127.0.0.1:9/v1", "--max_batch_size", "4"], "--max_batch_size does nothing with --base_url"),
+    (["app", "--model", "builtin:tiny-chat", "--api_key", "k"], "--api_key is the key of --base_url"),
+    (["app", "--model", "builtin:tiny-chat", "--loss_scale", "all"], "--loss_scale applies to training"),
+    (["app", "--model", "builtin:tiny-chat", "--task_type", "seq_cls"], "--task_type seq_cls: the chat page generates"),
 ])
 def test_bad_flags_are_one_line(argv, message):
     out = swift(*argv)
@@ -105,3 +111,20 @@ def test_a_page_cannot_name_a_run_outside_the_runs_dir(tmp_path):
     (outside / R.RUN_FILE).write_text(json.dumps({"argv": [], "pid": 1, "pid_started": 0, "started": 0}))
     for name in ("../elsewhere", str(outside), "..", "a/../../elsewhere"):
         assert find_run(str(runs), name) is None
+
+
+def test_base_url_reads_model_and_system():
+    a = P.AppArguments(base_url="http://127.0.0.1:9/v1", model="arith", system="be brief")
+    assert (a.model, a.system) == ("arith", "be brief")
+
+
+def test_the_console_check_never_ends_the_console_nor_leaves_environment_behind(monkeypatch):
+    from swift.app.console import check
+
+    sft = launchable()["sft"]
+    for flag in ("-h", "--help"):
+        with pytest.raises(SwiftError, match="run `swift sft --help` in a shell"):
+            check("sft", sft, ["--model", "m", flag])
+    before = dict(os.environ)
+    check("sft", sft, ["--model", "builtin:tiny-chat", "--dataset", "d", "--fsdp", "fsdp2"])  # sets FSDP_* variables
+    assert dict(os.environ) == before
