@@ -236,6 +236,7 @@ def _runs(gr, t, runs_dir: str, backend):
     shown = gr.State(None)  # (run, rows logged) of the curves on this page
 
     def refresh(selected: str | None, shown_key):
+        current = selected
         R.reap()
         all_runs = R.list_runs(runs_dir)
         rows = [[r.id, r.status, r.progress(), r.command_line] for r in all_runs] or [[t("no_runs"), "", "", ""]]
@@ -249,7 +250,9 @@ def _runs(gr, t, runs_dir: str, backend):
         metrics = run.metrics()
         key = (run.id, len(metrics))  # redraw only when something new was logged
         plot = curves_figure(metrics) if shown_key != list(key) else gr.update()
-        return rows, gr.update(choices=ids, value=selected), text, plot, run.log_tail(), list(key)
+        # the value only when it changes: setting it anew would redraw a dropdown being typed in
+        choice = gr.update(choices=ids) if selected == current else gr.update(choices=ids, value=selected)
+        return rows, choice, text, plot, run.log_tail(), list(key)
 
     outputs = [table, run_select, status, curves, log, shown]
     timer.tick(refresh, [run_select, shown], outputs, show_progress="hidden")

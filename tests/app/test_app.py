@@ -3,6 +3,7 @@ the page, streamed; an unreachable --base_url shows one error line and the page 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -85,6 +86,7 @@ def test_an_unreachable_base_url_is_one_line_on_the_page(browser, tmp_path):
             assert bot_messages(browser) == []
             click(browser, "clear")
             wait_for(lambda: not text_of(browser, "error"), what="the cleared error")
+            time.sleep(0.5)  # Clear also cancels the page's events: let that reach the page first
         assert proc.poll() is None
     finally:
         stop_page(proc)
