@@ -136,13 +136,12 @@ def check_share(share: bool) -> None:
                          "(no internet); open the page on --server_name instead") from None
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
 def _warn_if_open(server_name: str, guarded: bool, what: str, can: str = "use it") -> None:
     import logging
 
-    if server_name not in LOOPBACK and not guarded:
+    from swift.serving.guard import is_loopback
+
+    if not guarded and not is_loopback(server_name):
         logging.getLogger("swift").warning(
             f"{what} binds {server_name} without --auth: anyone who reaches this address can {can}")
 

@@ -103,17 +103,22 @@ class ServingLimits:
                                f"{self.max_tokens_limit} (--max_tokens_limit)", "max_tokens")
 
 
-def warn_if_open(host: str, limits: ServingLimits) -> None:
-    """Warn (once, at start) when a server binds a non-loopback address and takes no key."""
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps a server to this machine (a host name other than localhost may
+    resolve to anything)."""
     import ipaddress
 
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_open(host: str, limits: ServingLimits) -> None:
+    """Warn (once, at start) when a server binds a non-loopback address and takes no key."""
     if limits.api_key:
         return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        loopback = False
-    if not loopback:
+    if not is_loopback(host):
         logger.warning(f"--host {host} is reachable from other machines and no API key is set: anyone who can "
                        f"reach the port can use the model; set --api_key_file or {API_KEY_ENV}")
 

@@ -8,6 +8,7 @@ import urllib.request
 
 from tests.conftest import SWIFT
 from tests.deploy.serving import free_port
+from tests.deploy.serving import stop as stop_page  # noqa: F401 - the pages stop as the servers do
 
 
 def start_page(command: str, *argv: str, timeout: float = 180, cwd: str | None = None,
@@ -34,13 +35,3 @@ def start_page(command: str, *argv: str, timeout: float = 180, cwd: str | None =
                 tail = open(log, errors="replace").read()[-2000:] if log and os.path.exists(log) else ""
                 raise RuntimeError(f"swift {command} did not come up: {tail}")
             time.sleep(0.5)
-
-
-def stop_page(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
