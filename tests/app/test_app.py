@@ -59,6 +59,7 @@ def test_the_page_streams_the_quickstart_models_answer(quickstart, browser, tmp_
                  timeout=60, what="the second answer")
         # Regenerate with one new token at most (the page's setting): the last answer is replaced
         click(browser, "settings", "button")
+        wait_for(lambda: element(browser, "max_new_tokens", "input"), what="the opened settings")
         type_into(browser, "max_new_tokens", "1")
         click(browser, "regenerate")
         wait_for(lambda: bot_messages(browser) == [want, want2_cut.strip()], timeout=60,

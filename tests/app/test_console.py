@@ -177,6 +177,7 @@ def test_console_launches_watches_stops_and_chats(browser, tmp_path):
         open_tab(browser, "Chat")
         wait_for(lambda: finished in text_of(browser, "chat_model"), timeout=180, what="the run's model loaded")
         click(browser, "chat_settings", "button")  # open the generation settings
+        wait_for(lambda: element(browser, "chat_max_new_tokens", "input"), what="the opened settings")
         type_into(browser, "chat_max_new_tokens", "2")
         type_into(browser, "chat_message", "12+34=", enter=True)
         wait_for(lambda: bot_messages(browser, "chat_chatbot") == [want.strip()], timeout=120,
