@@ -23,6 +23,8 @@ class ComposedArguments:
     parts: ClassVar[dict[str, type]] = {}
     # Flag defaults that differ from the part's own default for this command (e.g. pt's loss_scale).
     defaults: ClassVar[dict[str, Any]] = {}
+    # Another tool's name of a flag -> ours (the command line accepts both; `--help` lists ours).
+    aliases: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **kwargs: Any):
         owners = self.field_owners()

@@ -54,15 +54,19 @@ class EngineArguments:
             raise SwiftError("--max_batch_size must be at least 1")
 
     def named_adapters(self) -> dict[str, str]:
-        """`name=path` pairs; a bare path is named after its directory."""
-        import os
+        return named_adapters(self.adapters)
 
-        out = {}
-        for spec in self.adapters:
-            name, sep, path = spec.partition("=")
-            if not sep:
-                name, path = os.path.basename(spec.rstrip("/")), spec
-            if not os.path.isfile(os.path.join(path, "adapter_config.json")):
-                raise SwiftError(f"--adapters {spec}: no adapter_config.json in {path}")
-            out[name] = path
-        return out
+
+def named_adapters(specs: list[str], flag: str = "--adapters") -> dict[str, str]:
+    """`name=path` pairs; a bare path is named after its directory."""
+    import os
+
+    out = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            name, path = os.path.basename(spec.rstrip("/")), spec
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            raise SwiftError(f"{flag} {spec}: no adapter_config.json in {path}")
+        out[name] = path
+    return out

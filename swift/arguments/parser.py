@@ -64,12 +64,13 @@ OPENRLHF_FLAGS = {
 }
 
 
-def _openrlhf_name(arg: str) -> str:
-    """`--algo.kl.init_coef 0.01` → `--init_kl_coef 0.01` (also in the `--flag=value` form)."""
+def _openrlhf_name(arg: str, aliases: dict[str, str]) -> str:
+    """`--algo.kl.init_coef 0.01` → `--init_kl_coef 0.01` (also in the `--flag=value` form); a
+    command's own `aliases` (another tool's name of one of its flags) likewise."""
     if not arg.startswith("--"):
         return arg
     name, eq, value = arg[2:].partition("=")
-    ours = OPENRLHF_FLAGS.get(name)
+    ours = OPENRLHF_FLAGS.get(name) or aliases.get(name)
     return f"--{ours}{eq}{value}" if ours else arg
 
 
@@ -99,7 +100,8 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
                 raise ArgumentError(f"{config_path}: {refused}")
             raise ArgumentError(f"{config_path}: unknown key '{unknown[0]}'.{closest(unknown[0], valid)}")
         parser.set_defaults(**config)
-    argv = [_openrlhf_name(arg) for arg in argv]
+    aliases = getattr(cls, "aliases", {})
+    argv = [_openrlhf_name(arg, aliases) for arg in argv]
     namespace, rest = parser.parse_known_args(argv)
     if rest:
         flag = next((r for r in rest if r.startswith("-")), rest[0])

@@ -23,6 +23,8 @@ ROUTE_MAPPING: dict[str, tuple[str, str]] = {
     "rollout": ("swift.pipelines.rollout:rollout_main", "Generation server for RL trainers, with checked weight sync."),
     "deploy": ("swift.pipelines.deploy:deploy_main", "Serve a model (and LoRA adapters) behind an OpenAI-compatible API."),
     "merge-lora": ("swift.pipelines.merge_lora:merge_lora_main", "Merge LoRA adapters into a standalone HF model."),
+    "attack": ("swift.safety.attack:attack_main", "Jailbreak attacks (GCG, BEAST) on a model: adversarial suffixes and attack success rate."),
+    "estimate": ("swift.safety.estimate:estimate_main", "Estimate the probability of a rare output (ITGIS, MHIS, brute force, exact)."),
     "app": ("swift.pipelines.app:app_main", "A chat page (gradio) over a model or an OpenAI-compatible server."),
     "web-ui": ("swift.pipelines.app:web_ui_main", "A console (gradio) that launches, watches and stops runs."),
 }
@@ -36,6 +38,8 @@ ARGUMENT_CLASSES = {
     "rollout": "swift.pipelines.rollout:RolloutArguments",
     "deploy": "swift.pipelines.deploy:DeployArguments",
     "merge-lora": "swift.pipelines.merge_lora:MergeLoraArguments",
+    "attack": "swift.safety.attack:AttackArguments",
+    "estimate": "swift.safety.estimate:EstimateArguments",
     "app": "swift.pipelines.app:AppArguments",
     "web-ui": "swift.pipelines.app:WebUIArguments",
 }

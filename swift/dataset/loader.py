@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from swift.dataset import self_cognition, tool_calls  # noqa: F401  (register builtin:self-cognition, tool-calls)
+from swift.dataset import self_cognition, tool_calls, toy_safety  # noqa: F401  (register builtin:self-cognition, tool-calls, toy-safety-*)
 from swift.dataset.arith import BUILTIN_DATASETS, SPLITS
 from swift.dataset.preprocess import standardize
 from swift.model.hub import snapshot_download

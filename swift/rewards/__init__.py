@@ -10,6 +10,6 @@
 An ORM class is instantiated once (with the run's arguments) and called with the completions and
 every dataset column by name; `None` in the returned list means "not applicable" for that row."""
 from swift.rewards.base import ORM, AsyncORM, orms
-from swift.rewards import builtin  # noqa: F401  (registers the built-ins)
+from swift.rewards import builtin, safety  # noqa: F401  (registers the built-ins)
 
 __all__ = ["ORM", "AsyncORM", "orms"]

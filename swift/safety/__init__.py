@@ -1,0 +1,1 @@
+"""The safety toolkit: jailbreak attacks (`swift attack`) and rare-output estimation (`swift estimate`)."""
