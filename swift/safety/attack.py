@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from swift.rewards.safety import refuses
 from swift.safety.beast import BeastConfig, beast
 from swift.safety.gcg import PLACEHOLDER, GCGArguments, gcg
 from swift.safety.model import AdapterArguments, load_studied_model, special_ids
-from swift.utils.io import read_jsonl, write_json
+from swift.utils.io import write_json
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -146,8 +145,7 @@ def read_targets(path: str, scenario: str, limit: int | None) -> list[dict[str, 
     goal ('' for strings) and target."""
     columns = SCENARIOS[scenario]
     if path.startswith("builtin:"):
-        from swift.dataset.arith import BUILTIN_DATASETS
-        from swift.dataset import toy_safety  # noqa: F401  (registers it)
+        from swift.dataset.loader import BUILTIN_DATASETS  # with every built-in dataset registered
 
         name, _, split = path[len("builtin:"):].partition(":")
         rows = [{"goal": r["goal"] if "goal" in columns else "", "target": r["target"]}
@@ -363,7 +361,7 @@ def attack_main(args: AttackArguments | list[str] | None = None) -> dict[str, An
         for i in tqdm(todo, desc=f"attack ({a.attack})", unit="target", dynamic_ncols=True):
             row, started = rows[i], time.perf_counter()
             before = prompter.target_logprob(row["goal"], "", row["target"])  # strings: an empty user turn
-            suffix, result = attack_one(a, prompter, row)
+            suffix, result = attack_one(a, prompter, row, draft)
             after = prompter.target_logprob(row["goal"], suffix, row["target"])
             attacked = [{"role": "user", "content": user_text(row["goal"], suffix)}]
             responses = [c.text for c in engine.infer([InferRequest(messages=attacked)], config)[0].choices]

@@ -313,21 +313,40 @@ def mhis(event: Event, dist: InputDistribution, a, gen, bar) -> dict:
     return {"estimate": estimate, "std_error": None, "acceptance_rate": accepted / (steps * chains)}
 
 
+def enumerate_inputs(dist: InputDistribution, batch_size: int):
+    """Every input of the distribution's support, in batches of (indices, token ids)."""
+    sizes = [int(torch.isfinite(row).sum()) for row in dist.logp]
+    total = math.prod(sizes)
+    for start in range(0, total, batch_size):
+        flat = torch.arange(start, min(start + batch_size, total), device=dist.ids.device)
+        idx = torch.empty(len(flat), dist.length, dtype=torch.long, device=flat.device)
+        for k in range(dist.length - 1, -1, -1):  # mixed-radix digits: the last position varies fastest
+            idx[:, k] = flat % sizes[k]
+            flat = flat // sizes[k]
+        yield idx, dist.tokens(idx)
+
+
+def greedy_counts(model, dist: InputDistribution, batch_size: int = 8192) -> torch.Tensor:
+    """How many inputs of the (enumerable) support make each token the greedy next token: the
+    exact argmax events, from which the rare ones can be picked."""
+    counts = None
+    with torch.no_grad():
+        for _, x in enumerate_inputs(dist, batch_size):
+            top = model(input_ids=x).logits[:, -1].argmax(-1)
+            step = torch.bincount(top, minlength=model.get_input_embeddings().weight.shape[0])
+            counts = step if counts is None else counts + step
+    return counts
+
+
 def exact(event: Event, dist: InputDistribution, a, gen, bar) -> dict:
     sizes = [int(torch.isfinite(row).sum()) for row in dist.logp]
     total = math.prod(sizes)
     if total > MAX_EXACT_INPUTS:
         raise SwiftError(f"--method exact: {total:.3g} inputs ({' x '.join(map(str, sizes))}); enumeration stops at "
                          f"2^24: use itgis, mhis or bruteforce")
-    bar.reset(total=total)
     parts = []
-    for start in range(0, total, a.batch_size):
-        flat = torch.arange(start, min(start + a.batch_size, total), device=dist.ids.device)
-        idx = torch.empty(len(flat), dist.length, dtype=torch.long, device=flat.device)
-        for k in range(dist.length - 1, -1, -1):  # mixed-radix digits: the last position varies fastest
-            idx[:, k] = flat % sizes[k]
-            flat = flat // sizes[k]
-        log_f, _, _ = event(dist.tokens(idx))
+    for idx, x in enumerate_inputs(dist, a.batch_size):
+        log_f, _, _ = event(x)
         parts.append(dist.log_prob(idx) + log_f)
         bar.update(len(idx))
     return {"estimate": math.exp(torch.logsumexp(torch.cat(parts), 0)), "std_error": 0.0}
@@ -348,7 +367,9 @@ def estimate(model, tokenizer, a) -> dict[str, Any]:
     before, after = chat_turn(model, tokenizer, a) if a.goal is not None else ([], [])
     event = Event(model, target_ids, a.use_argmax, before, after)
     total = a.n_samples
-    if a.method == "mhis":  # every chain's first state, burn-in and kept steps
+    if a.method == "exact":
+        total = math.prod(int(torch.isfinite(row).sum()) for row in dist.logp)
+    elif a.method == "mhis":  # every chain's first state, burn-in and kept steps
         total = a.batch_size * (1 + a.mhis_burn_in + math.ceil(a.n_samples / a.batch_size))
     started = time.perf_counter()
     with tqdm(total=total, desc=f"estimate ({a.method})", unit="input", dynamic_ncols=True) as bar:

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from swift.safety.estimate import EstimateArguments, estimate, estimate_main, named_distribution
+from swift.safety.estimate import (EstimateArguments, build_distribution, estimate, estimate_main, greedy_counts,
+                                   named_distribution)
 from swift.safety.model import special_ids
 
 HEX3 = dict(distribution_name="hex", sequence_length=3)
@@ -82,17 +83,19 @@ def test_estimators_converge_to_the_exact_probability(frozen):
 
 
 def rare_argmax_targets(model, tokenizer, count: int) -> list[tuple[int, float]]:
-    """The first `count` ordinary tokens (by id) that greedy decoding gives for one or two of the 31^3 hex
-    inputs (probability < 1e-4), with their exact probability."""
-    hexes = named_distribution("hex", tokenizer, 2048)
-    x = torch.tensor(list(itertools.product(hexes, repeat=3)))
-    with torch.no_grad():
-        top = torch.cat([model(input_ids=c).logits[:, -1].argmax(-1) for c in x.split(8192)])
-    counts = torch.bincount(top, minlength=2048)
+    """The first `count` ordinary tokens (by id) that greedy decoding gives for one or two of the
+    31^3 hex inputs (probability < 1e-4), with their exact probability."""
+    dist = build_distribution(EstimateArguments(target_word="x", **HEX3), tokenizer, 2048, "cpu")
+    counts = greedy_counts(model, dist)
+    total = int(counts.sum())
+    assert total == 31 ** 3
+    return [(t, counts[t].item() / total) for t in rare_tokens(counts, tokenizer)[:count]]
+
+
+def rare_tokens(counts, tokenizer) -> list[int]:
     special = special_ids(tokenizer)
-    rare = [t for t in range(2048) if 1 <= counts[t] <= 2 and t not in special
+    return [t for t in range(len(counts)) if 1 <= counts[t] <= 2 and t not in special
             and len(tokenizer.encode(tokenizer.decode([t]), add_special_tokens=False)) == 1]
-    return [(t, counts[t].item() / len(x)) for t in rare[:count]]
 
 
 def test_itgis_and_mhis_find_an_argmax_event_brute_force_misses(frozen):
