@@ -115,7 +115,8 @@ def forkserver(tmp_path_factory):
 # the longest tests and groups, longest first (worker-seconds in a run on 2 cores, 2026-11-26: the
 # ranks group 1,110, the learning checks 600, the replay 290, iterative DPO 290, sample 300)
 LONGEST = ["tests/pipelines/test_sharding.py", "tests/test_iterative_dpo.py", "tests/rlhf/test_learning.py",
-           "tests/eval/test_sample.py", "tests/cli/test_ms_swift_replay.py", "tests/rollout/test_server.py"]
+           "tests/eval/test_sample.py", "tests/cli/test_ms_swift_replay.py", "tests/rollout/test_server.py",
+           "tests/safety/test_red_team.py"]
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -91,8 +91,9 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
     parser = build_parser(cls, prog)
     config_path, argv = split_config(argv)
     valid = cls.field_owners()
+    aliases = getattr(cls, "aliases", {})
     if config_path:
-        config = load_config(config_path)
+        config = {aliases.get(k, k): v for k, v in load_config(config_path).items()}
         unknown = [k for k in config if k not in valid]
         if unknown:
             refused = refusal(unknown[0])
@@ -100,7 +101,6 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
                 raise ArgumentError(f"{config_path}: {refused}")
             raise ArgumentError(f"{config_path}: unknown key '{unknown[0]}'.{closest(unknown[0], valid)}")
         parser.set_defaults(**config)
-    aliases = getattr(cls, "aliases", {})
     argv = [_openrlhf_name(arg, aliases) for arg in argv]
     namespace, rest = parser.parse_known_args(argv)
     if rest:

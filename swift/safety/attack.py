@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -72,8 +73,8 @@ class AttackOptions:
             self.reward_funcs = [self.reward_funcs]
         if isinstance(self.refusal_phrases, str):
             self.refusal_phrases = [self.refusal_phrases]
-        if not self.dataset and not self.resume:
-            raise SwiftError("--dataset is required: a CSV of goal,target (or target) rows")
+        if not self.dataset:
+            raise SwiftError("--dataset is required (with --resume too: the run's own flags again)")
         if self.dataset and not self.dataset.startswith("builtin:") and not os.path.isfile(self.dataset):
             raise SwiftError(f"--dataset {self.dataset} does not exist")
         if self.scenario not in SCENARIOS:
@@ -85,9 +86,14 @@ class AttackOptions:
         rewards = self.reward_model or self.reward_model_url or self.reward_funcs
         if self.atk_success_criteria == "reward" and not rewards:
             raise SwiftError("--atk_success_criteria reward needs --reward_model, --reward_model_url or --reward_funcs")
-        if self.atk_success_criteria == "prefix" and (rewards or self.rm_exclude_adv_suffix):
-            raise SwiftError("reward flags (--reward_model/--reward_model_url/--reward_funcs/--rm_exclude_adv_suffix) "
-                             "are read only with --atk_success_criteria reward")
+        if self.atk_success_criteria == "prefix" and (rewards or self.rm_exclude_adv_suffix
+                                                      or self.reward_threshold != -5.0):
+            raise SwiftError("reward flags (--reward_model/--reward_model_url/--reward_funcs/--reward_threshold/"
+                             "--rm_exclude_adv_suffix) are read only with --atk_success_criteria reward")
+        if self.temperature == 0 and self.top_p != 1.0:
+            raise SwiftError("--top_p is not read with --temperature 0 (greedy answers)")
+        if self.temperature == 0 and self.samples_per_prompt > 1:
+            raise SwiftError("--samples_per_prompt > 1 with --temperature 0 gives the same greedy answer each time")
         if self.atk_success_criteria == "reward" and self.refusal_phrases:
             raise SwiftError("--refusal_phrases is read only with --atk_success_criteria prefix")
         if self.samples_per_prompt < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
@@ -111,8 +117,8 @@ class BeastArguments:
         for name in ("beast_k1", "beast_k2", "beast_length", "beast_ngram"):
             if getattr(self, name) < 1:
                 raise SwiftError(f"--{name} must be at least 1")
-        if self.beast_ngram > self.beast_length:
-            raise SwiftError("--beast_ngram cannot exceed --beast_length")
+        if self.beast_length % self.beast_ngram:
+            raise SwiftError(f"--beast_length {self.beast_length} is not a multiple of --beast_ngram {self.beast_ngram}")
         if self.beast_temperature <= 0 or not 0 < self.beast_top_p <= 1:
             raise SwiftError("--beast_temperature must be positive and --beast_top_p in (0, 1]")
 
@@ -148,31 +154,38 @@ def read_targets(path: str, scenario: str, limit: int | None) -> list[dict[str, 
         from swift.dataset.loader import BUILTIN_DATASETS  # with every built-in dataset registered
 
         name, _, split = path[len("builtin:"):].partition(":")
+        if split not in ("", "train", "eval"):
+            raise SwiftError(f"--dataset {path}: split '{split}' is not one of train, eval")
         rows = [{"goal": r["goal"] if "goal" in columns else "", "target": r["target"]}
                 for r in BUILTIN_DATASETS.get(name)(split or "train")]
         return rows[:limit]
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
-            raise SwiftError(f"--dataset {path}: no '{missing[0]}' column (--scenario {scenario} reads "
-                             f"{', '.join(columns)})")
-        rows = []
-        for line, row in enumerate(reader, start=2):
-            values = {c: (row.get(c) or "").strip() for c in columns}
-            empty = next((c for c in columns if not values[c]), None)
-            if empty:
-                raise SwiftError(f"--dataset {path}, line {line}: empty '{empty}'")
-            rows.append({"goal": values.get("goal", ""), "target": values["target"]})
-            if limit is not None and len(rows) == limit:
-                break
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
+            reader = csv.DictReader(f)
+            missing = [c for c in columns if c not in (reader.fieldnames or [])]
+            if missing:
+                raise SwiftError(f"--dataset {path}: no '{missing[0]}' column (--scenario {scenario} reads "
+                                 f"{', '.join(columns)}; the file has {', '.join(reader.fieldnames or [])})")
+            rows = []
+            for row in reader:
+                values = {c: (row.get(c) or "").strip() for c in columns}
+                empty = next((c for c in columns if not values[c]), None)
+                if empty:
+                    raise SwiftError(f"--dataset {path}, line {reader.line_num}: empty '{empty}'")
+                rows.append({"goal": values.get("goal", ""), "target": values["target"]})
+                if limit is not None and len(rows) == limit:
+                    break
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise SwiftError(f"--dataset {path}: not a UTF-8 CSV ({e})") from None
     if not rows:
         raise SwiftError(f"--dataset {path}: no rows")
     return rows
 
 
 def user_text(goal: str, suffix: str) -> str:
-    return f"{goal} {suffix}" if goal else suffix
+    """The suffix follows the goal directly (as nanoGCG places it): the search works on the token ids
+    after the goal's own, so a separating space would be a token the re-encoded prompt does not have."""
+    return goal + suffix
 
 
 class Prompter:
@@ -227,19 +240,20 @@ class RewardJudge:
         return totals
 
 
-def run_settings(a) -> dict[str, Any]:
-    """What decides the results of a run: a resumed run must agree on all of it."""
+def run_settings(a, rows: list[dict]) -> dict[str, Any]:
+    """What decides the results of a run: a resumed run must agree on all of it (the targets
+    themselves included, so an edited file is not matched to the old indices)."""
     skip = {"resume", "output_dir", "gcg_verbosity"}
-    return {k: v for k, v in a.to_dict().items() if k not in skip}
+    settings = {k: v for k, v in a.to_dict().items() if k not in skip}
+    settings["targets_sha256"] = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+    return settings
 
 
-def open_run(a) -> tuple[str, dict[int, dict]]:
+def open_run(a, rows: list[dict]) -> tuple[str, dict[int, dict]]:
     """The run directory (new, or --resume's) and the targets it has finished, by index."""
-    settings = run_settings(a)
+    settings = run_settings(a, rows)
     if a.resume:
         written = json.load(open(os.path.join(a.resume, "run.json"), encoding="utf-8"))
-        if a.dataset is None:
-            raise SwiftError(f"--resume {a.resume}: give the run's flags again (it was: --dataset {written.get('dataset')} ...)")
         differ = sorted(k for k in settings if written.get(k) != settings[k])
         if differ:
             what = ", ".join(f"--{k} {written.get(k)!r} (now {settings[k]!r})" for k in differ)
@@ -325,9 +339,11 @@ def attack_one(a, prompter: Prompter, row: dict, draft=None):
         config = BeastConfig(k1=a.beast_k1, k2=a.beast_k2, length=a.beast_length, ngram=a.beast_ngram,
                              temperature=a.beast_temperature, top_p=a.beast_top_p, batch_size=a.batch_size,
                              seed=a.seed)
-        special = sorted(special_ids(prompter.tokenizer))  # a suffix a user can type: no control tokens
-        result = beast(prompter.model, before, after, prompter.tokenizer.encode(row["target"], add_special_tokens=False),
-                       config, disallowed=special)
+        tokenizer = prompter.tokenizer
+        special = sorted(special_ids(tokenizer))  # a suffix a user can type: no control tokens
+        typeable = lambda ids: tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids  # noqa: E731
+        result = beast(prompter.model, before, after, tokenizer.encode(row["target"], add_special_tokens=False),
+                       config, disallowed=special, typeable=typeable)
     return prompter.tokenizer.decode(result.suffix_ids), result
 
 
@@ -339,8 +355,9 @@ def attack_main(args: AttackArguments | list[str] | None = None) -> dict[str, An
     a = resolve_args(AttackArguments, args, "swift attack")
     rows = read_targets(a.dataset, a.scenario, a.max_targets)
     judge = RewardJudge(a) if a.atk_success_criteria == "reward" else None  # bad reward flags stop here
+    run_dir, done = open_run(a, rows)  # a resumed run with other settings stops before the model loads
     model, tokenizer, model_type = load_studied_model(a)
-    template = get_template(choose_template(a.template, model_type, model_type, tokenizer), tokenizer, system=a.system)
+    template = get_template(choose_template(a.template, a.model_type, model_type, tokenizer), tokenizer, system=a.system)
     prompter = Prompter(model, tokenizer, template)
     draft = None
     if a.attack == "gcg" and a.gcg_probe_sampling_draft_model:
@@ -349,7 +366,6 @@ def attack_main(args: AttackArguments | list[str] | None = None) -> dict[str, An
         draft_model, draft_tokenizer, _ = load_model(a.gcg_probe_sampling_draft_model, torch_dtype=a.torch_dtype,
                                                      device=prompter.device)
         draft = (draft_model.eval(), draft_tokenizer)
-    run_dir, done = open_run(a)
     adapters = getattr(model, "peft_config", None)
     engine = TransformersEngine(model, tokenizer, template, max_batch_size=a.batch_size, inline=True,
                                 default_adapter=next(iter(adapters)) if adapters else None)

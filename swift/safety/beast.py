@@ -77,14 +77,17 @@ class TargetLoss:
 
 
 def _draw(probs: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
-    """k distinct tokens per row (fewer only where the filtered distribution has fewer)."""
+    """k distinct tokens per row; fewer (for every row) when some row's filtered distribution has
+    fewer than k tokens."""
     k = min(k, int((probs > 0).sum(-1).min()))
     return torch.multinomial(probs, k, replacement=False, generator=gen)
 
 
 def beast(model, before: list[int], after: list[int], target: list[int], config: BeastConfig,
-          disallowed: list[int] | None = None, progress: bool = True) -> AttackResult:
-    """Search a suffix of up to `config.length` tokens that makes `target` likely."""
+          disallowed: list[int] | None = None, typeable=None, progress: bool = True) -> AttackResult:
+    """Search a suffix of up to `config.length` tokens that makes `target` likely. `typeable(ids)`:
+    whether a suffix survives being decoded to text and encoded again (as a user would send it);
+    candidates that do not are dropped while any other is left."""
     loss_of = TargetLoss(model, before, after, target, config.batch_size)
     device = loss_of.device
     gen = torch.Generator(device=device).manual_seed(config.seed)
@@ -94,6 +97,9 @@ def beast(model, before: list[int], after: list[int], target: list[int], config:
         p = loss_of.next_token_probs(beams, config.temperature, config.top_p)
         if disallowed:
             p[:, disallowed] = 0.0
+            empty = p.sum(-1) == 0  # the nucleus held only control tokens: draw from the other tokens
+            p[empty] = 1.0
+            p[:, disallowed] = 0.0
         return p / p.sum(-1, keepdim=True)
 
     def extend(beams, width):
@@ -102,6 +108,11 @@ def beast(model, before: list[int], after: list[int], target: list[int], config:
         grown = torch.cat([beams.repeat_interleave(first.shape[1], 0), first.reshape(-1, 1)], 1)
         for _ in range(config.ngram - 1):
             grown = torch.cat([grown, torch.multinomial(probs_after(grown), 1, generator=gen)], 1)
+        grown = torch.unique(grown, dim=0)  # two beams may draw the same continuation
+        if typeable is not None:
+            keep = torch.tensor([typeable(row) for row in grown.tolist()], device=grown.device)
+            if keep.any():
+                grown = grown[keep]
         return grown
 
     beams = extend(empty, config.k1)

@@ -17,6 +17,7 @@ greedy decoding from x yields the target. The methods estimate p = E_{x~D}[f(x)]
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -62,7 +63,8 @@ class EstimateOptions:
         "help": "The event is greedy decoding producing the target (default: its probability)."})
     goal: str | None = field(default=None, metadata={
         "help": "Put the random tokens in a chat turn after this request (the model's chat template; the "
-                "target is then the start of the answer). Default: the tokens alone, as LPE."})
+                "target is then the start of the answer; the tokens follow the goal directly). Default: the "
+                "tokens alone, as LPE."})
     template: str | None = field(default=None, metadata={"help": "--goal: the chat template (inferred when omitted)."})
     system: str | None = field(default=None, metadata={"help": "--goal: the system prompt."})
     seed: int = field(default=42, metadata={"help": "Sampling seed."})
@@ -90,6 +92,14 @@ class EstimateOptions:
             raise SwiftError("--mhis_burn_in must be at least 0")
         if (self.template or self.system) and self.goal is None:
             raise SwiftError("--template and --system are read only with --goal")
+        # the flags of the other methods change nothing: refuse them
+        unread = {"bruteforce": ("temperature", "itgis_decay_rate", "mhis_burn_in"),
+                  "itgis": ("mhis_burn_in",), "mhis": ("itgis_decay_rate",),
+                  "exact": ("temperature", "itgis_decay_rate", "mhis_burn_in", "n_samples", "seed")}[self.method]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        changed = next((name for name in unread if getattr(self, name) != defaults[name]), None)
+        if changed:
+            raise SwiftError(f"--{changed} is not read by --method {self.method}")
         if self.output_file and os.path.exists(self.output_file):
             raise SwiftError(f"--output_file {self.output_file} exists; give a new file (results are never overwritten)")
 
@@ -142,34 +152,47 @@ def named_distribution(name: str, tokenizer, vocab_size: int) -> list[int]:
 
 
 def file_distribution(path: str, tokenizer, vocab_size: int) -> list[tuple[list[int], list[float] | None]]:
-    """[(token ids, probs or None)] per position listed in the file (one entry: every position)."""
+    """[(token ids, probs or None)] per position listed in the file (one entry: every position).
+    Tokens of weight 0 are left out (they are never drawn)."""
     try:
         data = json.load(open(path, encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SwiftError(f"--distribution_file {path}: not readable JSON ({e})") from None
     entries = data if isinstance(data, list) else [data]
-    out = []
-    for k, entry in enumerate(entries):
-        where = f"--distribution_file {path}, position {k}"
-        if not isinstance(entry, dict) or ("token_ids" in entry) == ("tokens" in entry):
-            raise SwiftError(f"{where}: give an object with \"token_ids\" or \"tokens\" (and optionally \"probs\")")
+    if not entries:
+        raise SwiftError(f"--distribution_file {path}: an empty list (give one entry per position, or one for all)")
+    return [_position(entry, f"--distribution_file {path}, position {k}", tokenizer, vocab_size)
+            for k, entry in enumerate(entries)]
+
+
+def _position(entry, where: str, tokenizer, vocab_size: int) -> tuple[list[int], list[float] | None]:
+    if not isinstance(entry, dict) or ("token_ids" in entry) == ("tokens" in entry):
+        raise SwiftError(f"{where}: give an object with \"token_ids\" or \"tokens\" (and optionally \"probs\")")
+    listed = entry.get("tokens", entry.get("token_ids"))
+    if not isinstance(listed, list) or not listed:
+        raise SwiftError(f"{where}: \"tokens\"/\"token_ids\" must be a non-empty list")
+    ids = []
+    for item in listed:
         if "tokens" in entry:
-            ids = []
-            for text in entry["tokens"]:
-                enc = tokenizer.encode(text, add_special_tokens=False)
-                if len(enc) != 1:
-                    raise SwiftError(f"{where}: {text!r} is {len(enc)} tokens, not one")
-                ids.append(enc[0])
+            enc = tokenizer.encode(item, add_special_tokens=False) if isinstance(item, str) else []
+            if len(enc) != 1:
+                raise SwiftError(f"{where}: {item!r} is not one token")
+            ids.append(enc[0])
+        elif isinstance(item, int) and not isinstance(item, bool) and 0 <= item < vocab_size:
+            ids.append(item)
         else:
-            ids = [int(i) for i in entry["token_ids"]]
-        bad = next((i for i in ids if not 0 <= i < vocab_size), None)
-        if not ids or bad is not None:
-            raise SwiftError(f"{where}: " + ("no tokens" if not ids else f"token id {bad} is outside 0..{vocab_size - 1}"))
-        probs = entry.get("probs")
-        if probs is not None and (len(probs) != len(ids) or any(p < 0 for p in probs) or sum(probs) <= 0):
-            raise SwiftError(f"{where}: \"probs\" needs one non-negative weight per token, not all zero")
-        out.append((ids, probs))
-    return out
+            raise SwiftError(f"{where}: token id {item!r} is not an integer in 0..{vocab_size - 1}")
+    if len(set(ids)) != len(ids):
+        raise SwiftError(f"{where}: a token is listed twice")
+    probs = entry.get("probs")
+    if probs is None:
+        return ids, None
+    if (not isinstance(probs, list) or len(probs) != len(ids)
+            or not all(isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p >= 0
+                       for p in probs) or sum(probs) <= 0):
+        raise SwiftError(f"{where}: \"probs\" needs one finite non-negative number per token, not all zero")
+    kept = [(i, p) for i, p in zip(ids, probs) if p > 0]
+    return [i for i, _ in kept], [p for _, p in kept]
 
 
 def build_distribution(a, tokenizer, vocab_size: int, device) -> InputDistribution:
@@ -390,7 +413,7 @@ def chat_turn(model, tokenizer, a) -> tuple[list[int], list[int]]:
     from swift.template import choose_template, get_template
 
     model_type = getattr(model.config, "model_type", None)
-    template = get_template(choose_template(a.template, model_type, model_type, tokenizer), tokenizer, system=a.system)
+    template = get_template(choose_template(a.template, a.model_type, model_type, tokenizer), tokenizer, system=a.system)
     return Prompter(model, tokenizer, template).split_ids(a.goal)
 
 

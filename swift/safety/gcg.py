@@ -56,6 +56,15 @@ class GCGArguments:
                              "('DynamicCache' object is not subscriptable); leave it false (same search, more compute)")
         if self.gcg_verbosity not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise SwiftError(f"--gcg_verbosity {self.gcg_verbosity!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        if self.gcg_probe_sampling_draft_model is None and (self.gcg_probe_sampling_r, self.gcg_probe_sampling_factor) != (8, 16):
+            raise SwiftError("--gcg_probe_sampling_r/--gcg_probe_sampling_factor are read only with "
+                             "--gcg_probe_sampling_draft_model")
+        if self.gcg_probe_sampling_draft_model and self.gcg_search_width // self.gcg_probe_sampling_factor < 3:
+            raise SwiftError(f"--gcg_search_width {self.gcg_search_width} / --gcg_probe_sampling_factor "
+                             f"{self.gcg_probe_sampling_factor}: probe sampling needs a probe set of at least 3 "
+                             "candidates (nanoGCG 0.3.0 fails on the rank correlation of fewer)")
+        if not self.gcg_use_mellowmax and self.gcg_mellowmax_alpha != 1.0:
+            raise SwiftError("--gcg_mellowmax_alpha is read only with --gcg_use_mellowmax true")
         for name in ("gcg_num_steps", "gcg_search_width", "gcg_topk", "gcg_n_replace"):
             if getattr(self, name) < 1:
                 raise SwiftError(f"--{name} must be at least 1")

@@ -28,8 +28,9 @@ def load_studied_model(a):
     from swift.model import load_model
     from swift.model.loader import bnb_config
 
-    if a.task_type != "causal_lm":
-        raise SwiftError(f"--task_type {a.task_type}: attacks and estimates study a causal language model")
+    if a.task_type != "causal_lm" or a.num_labels is not None:
+        raise SwiftError(f"--task_type {a.task_type}" + (" --num_labels" if a.num_labels is not None else "")
+                         + ": attacks and estimates study a causal language model")
     adapters = named_adapters(a.adapters)
     model, tokenizer, info = load_model(_model_id(a, adapters), use_hf=a.use_hf, revision=a.model_revision,
                                         torch_dtype=a.torch_dtype, attn_impl=a.attn_impl,
