@@ -56,17 +56,11 @@ swift attack "${ATTACK_FLAGS[@]}" --attack beast --beast_k1 6 --beast_k2 6 --bea
 swift attack "${ATTACK_FLAGS[@]}" --attack gcg --gcg_num_steps "$GCG_STEPS" --gcg_search_width 64 --gcg_topk 32 \
     --gcg_optim_str_init "x x x x x x x x" --output_dir "$OUT/attack_gcg" > /dev/null
 
-for METHOD in exact itgis bruteforce; do
-    swift estimate \
-        --model "$OUT/sft" \
-        --goal "$GOAL" \
-        --target_word "Sure" \
-        --distribution_name hex \
-        --sequence_length "$SEQUENCE_LENGTH" \
-        --method "$METHOD" \
-        --n_samples 4096 \
-        --batch_size 512 \
-        --seed "$SEED" \
+ESTIMATE_FLAGS=(--model "$OUT/sft" --goal "$GOAL" --target_word "Sure" --distribution_name hex
+                --sequence_length "$SEQUENCE_LENGTH" --batch_size 512)
+swift estimate "${ESTIMATE_FLAGS[@]}" --method exact --output_file "$OUT/estimate_exact.json" > /dev/null
+for METHOD in itgis bruteforce; do
+    swift estimate "${ESTIMATE_FLAGS[@]}" --method "$METHOD" --n_samples 4096 --seed "$SEED" \
         --output_file "$OUT/estimate_$METHOD.json" > /dev/null
 done
 
