@@ -16,8 +16,12 @@ HEX3 = dict(distribution_name="hex", sequence_length=3)
 
 
 @pytest.fixture(scope="module")
-def frozen(tiny):
-    model, tokenizer, _ = tiny
+def frozen():
+    """The built-in model, frozen as `swift estimate` freezes it (its own copy: the session's `tiny`
+    is left trainable for the other tests)."""
+    from swift.model import load_model
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
