@@ -179,3 +179,23 @@ def test_flags_the_method_does_not_read_are_refused(flags, message):
 
     with pytest.raises(SwiftError, match=message):
         parse_args(EstimateArguments, ["--model", "builtin:tiny-chat", "--target_word", "x", *flags])
+
+
+def test_a_lora_adapter_is_studied_through_the_command(tmp_path):
+    """`--adapters DIR` (no --model: its base is found): the exact value equals the merged model's,
+    and differs from the base model's."""
+    from peft import LoraConfig, get_peft_model
+
+    from swift.model import load_model
+
+    base, tokenizer, _ = load_model("builtin:tiny-chat")
+    torch.manual_seed(0)
+    peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    common = ["--method", "exact", "--target_word", " num", "--sequence_length", "2"]
+    with_adapter = estimate_main(["--adapters", str(tmp_path / "adapter"), *common])["estimate"]
+    merged = peft_model.merge_and_unload().eval()
+    args = EstimateArguments(target_word=" num", method="exact", sequence_length=2)
+    assert with_adapter == pytest.approx(estimate(merged, tokenizer, args)["estimate"], rel=1e-5)
+    plain = estimate(load_model("builtin:tiny-chat")[0].eval(), tokenizer, args)["estimate"]
+    assert abs(with_adapter / plain - 1) > 1e-3
