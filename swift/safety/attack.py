@@ -28,7 +28,7 @@ from swift.pipelines.base import resolve_args
 from swift.rewards.safety import refuses
 from swift.safety.beast import BeastConfig, beast
 from swift.safety.gcg import PLACEHOLDER, GCGArguments, gcg
-from swift.safety.model import AdapterArguments, load_studied_model, special_ids
+from swift.safety.model import AdapterArguments, load_studied_model, special_ids, studied_template
 from swift.utils.io import write_json
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
@@ -350,14 +350,13 @@ def attack_one(a, prompter: Prompter, row: dict, draft=None):
 def attack_main(args: AttackArguments | list[str] | None = None) -> dict[str, Any]:
     from swift.infer.protocol import InferRequest, RequestConfig
     from swift.infer.transformers_engine import TransformersEngine
-    from swift.template import choose_template, get_template
 
     a = resolve_args(AttackArguments, args, "swift attack")
     rows = read_targets(a.dataset, a.scenario, a.max_targets)
     judge = RewardJudge(a) if a.atk_success_criteria == "reward" else None  # bad reward flags stop here
     run_dir, done = open_run(a, rows)  # a resumed run with other settings stops before the model loads
     model, tokenizer, model_type = load_studied_model(a)
-    template = get_template(choose_template(a.template, a.model_type, model_type, tokenizer), tokenizer, system=a.system)
+    template = studied_template(a, model_type, tokenizer)
     prompter = Prompter(model, tokenizer, template)
     draft = None
     if a.attack == "gcg" and a.gcg_probe_sampling_draft_model:

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from swift.arguments.base import ComposedArguments
 from swift.arguments.model import ModelArguments
 from swift.pipelines.base import resolve_args
-from swift.safety.model import AdapterArguments, load_studied_model, special_ids
+from swift.safety.model import AdapterArguments, load_studied_model, special_ids, studied_template
 from swift.utils.io import write_json
 from swift.utils.registry import SwiftError
 
@@ -407,13 +407,12 @@ def estimate(model, tokenizer, a) -> dict[str, Any]:
 
 
 def chat_turn(model, tokenizer, a) -> tuple[list[int], list[int]]:
-    """Token ids before and after the random tokens: the user turn "<goal> <tokens>" and the
+    """Token ids before and after the random tokens: the user turn "<goal><tokens>" and the
     generation prompt, in the model's chat template."""
     from swift.safety.attack import Prompter
-    from swift.template import choose_template, get_template
 
     model_type = getattr(model.config, "model_type", None)
-    template = get_template(choose_template(a.template, a.model_type, model_type, tokenizer), tokenizer, system=a.system)
+    template = studied_template(a, model_type, tokenizer)
     return Prompter(model, tokenizer, template).split_ids(a.goal)
 
 

@@ -52,3 +52,11 @@ def special_ids(tokenizer) -> set[int]:
     leaves chat markers such as <|im_start|> out of `all_special_ids`)."""
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     return set(tokenizer.all_special_ids) | {i for i, token in added.items() if getattr(token, "special", False)}
+
+
+def studied_template(a, model_type: str | None, tokenizer):
+    """The chat template the studied model talks through: --template, else the one --model_type or
+    the model's config names; --system as its default system prompt."""
+    from swift.template import choose_template, get_template
+
+    return get_template(choose_template(a.template, a.model_type, model_type, tokenizer), tokenizer, system=a.system)
