@@ -2,25 +2,31 @@
 (aliases, per-algorithm defaults, flags an algorithm does not read), and the composed command."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from swift.arguments.rlhf_flags import (COLOCATE_ENGINE_FLAGS, DistillFlags, OnlineFlags, PPOFlags,
+from swift.arguments.rlhf_flags import (COLOCATE_ENGINE_FLAGS, DistillFlags, HarmlessFlags, OnlineFlags, PPOFlags,
                                         PreferenceFlags, RlhfCommonFlags, SamplingFlags)
 from swift.arguments.train import SftArguments
 from swift.utils.registry import SwiftError
 
 
 @dataclass
-class RlhfArguments(PPOFlags, OnlineFlags, DistillFlags, SamplingFlags, PreferenceFlags, RlhfCommonFlags):
+class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, SamplingFlags, PreferenceFlags,
+                    RlhfCommonFlags):
     """Every `swift rlhf` flag, in groups by the algorithms that read them (each group's own class;
     `swift rlhf --help` lists them under the group's title)."""
     flag_groups: ClassVar[tuple[type, ...]] = (RlhfCommonFlags, PreferenceFlags, SamplingFlags, DistillFlags,
-                                               OnlineFlags, PPOFlags)
+                                               OnlineFlags, PPOFlags, HarmlessFlags)
 
     def __post_init__(self) -> None:
         from swift.rlhf import ALGORITHMS
 
+        if self.do_harmlessness_training:  # the fork's switch for the algorithm
+            if self.rlhf_type not in ("dpo", "harmless"):  # dpo: the default, not a choice
+                raise SwiftError(f"--do_harmlessness_training selects --rlhf_type harmless, not {self.rlhf_type}")
+            self.rlhf_type = "harmless"
         self._refuse_unread(ALGORITHMS.get(self.rlhf_type))
         for name in ("vllm_server_host", "vllm_server_port"):
             value = getattr(self, name)
@@ -58,6 +64,8 @@ class RlhfArguments(PPOFlags, OnlineFlags, DistillFlags, SamplingFlags, Preferen
         if self.beta is not None and self.beta <= 0 and algo.trainer == "preference":
             raise SwiftError(f"--beta must be > 0, got {self.beta}")
         self._check_ppo()
+        if self.rlhf_type == "harmless":
+            self._check_harmless()
         if algo.trainer == "rollout":
             self._check_online()
         if algo.trainer == "distill":
@@ -152,6 +160,67 @@ class RlhfArguments(PPOFlags, OnlineFlags, DistillFlags, SamplingFlags, Preferen
         if self.critic_learning_rate is not None and self.critic_learning_rate < 0:
             raise SwiftError(f"--critic_learning_rate must be >= 0, got {self.critic_learning_rate}")
 
+    def _check_harmless(self) -> None:
+        """RePULSe's combinations (`swift.rlhf.harmless`): what the fork refuses or cannot mean."""
+        loss = self.harmlessness_training_loss_type
+        choices = {"harmlessness_training_loss_type": ("neg_training", "reinforce"),
+                   "rm_type": ("rlhf", "indicator_below_threshold"),
+                   "reward_transform": (None, "minus_alpha_exp_beta_r", "minus_alpha_ind"),
+                   "reinforce_baseline_type": ("expectation", "none"),
+                   "actor_loss_type": ("ctl", "ctl_nosecondterm", "dpg"),
+                   "parameterization": ("policy_psi_q_p_s_t", "policy_psi_q_p_s_1_to_t", "policy"),
+                   "proposal": (None, "copy", "adapter")}
+        not_here = {"neg_reinforce": "--harmlessness_training_loss_type neg_reinforce is not in this version (use "
+                                     "neg_training)",
+                    "modulation_model": "--parameterization modulation_* is not in this version: the proposal "
+                                        "must be a model the inference engine samples from (policy_psi_q_p_s_t)"}
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                for key, message in not_here.items():
+                    if str(value).startswith(key):
+                        raise SwiftError(message)
+                raise SwiftError(f"--{name} {value!r} is not one of {', '.join(a for a in allowed if a)}")
+        if self.num_generations < 2:
+            raise SwiftError(f"--num_generations (the fork's --duplicate_rollout_batch_by) must be at least 2 for "
+                             f"--rlhf_type harmless, got {self.num_generations}: the baseline and the importance "
+                             "weights compare the samples of one prompt")
+        if self.num_episodes < 1:
+            raise SwiftError(f"--num_episodes must be >= 1, got {self.num_episodes}")
+        negatives = loss == "neg_training"
+        learns_q = negatives and not self.use_base_as_proposal
+        if negatives and self.target_dist_beta is None:
+            raise SwiftError("--harmlessness_training_loss_type neg_training needs --target_dist_beta (β < 0, e.g. "
+                             "-10; 1 with --rm_type indicator_below_threshold)")
+        if self.rm_type == "indicator_below_threshold" and self.target_dist_beta not in (None, 1.0):
+            raise SwiftError(f"--rm_type indicator_below_threshold takes --target_dist_beta 1 (the indicator is the "
+                             f"target's weight), got {self.target_dist_beta}")
+        if self.reward_transform == "minus_alpha_exp_beta_r" and self.rew_trans_beta is None \
+                and self.target_dist_beta is None:
+            raise SwiftError("--reward_transform minus_alpha_exp_beta_r needs --rew_trans_beta (or --target_dist_beta)")
+        twist = self.actor_loss_type in ("ctl", "ctl_nosecondterm")
+        if twist and self.parameterization == "policy":
+            raise SwiftError(f"--actor_loss_type {self.actor_loss_type} learns a twist: give --parameterization "
+                             "policy_psi_q_p_s_t or policy_psi_q_p_s_1_to_t (policy goes with dpg)")
+        if not twist and self.parameterization != "policy":
+            raise SwiftError("--actor_loss_type dpg trains the proposal as a policy: give --parameterization policy")
+        defaults = {"actor_loss_type": "ctl", "parameterization": "policy_psi_q_p_s_t", "num_episodes": 1,
+                    "actor_learning_rate": 1e-6, "proposal": None, "sampling_target_updated_base": False}
+        if not learns_q:
+            given = [n for n, d in defaults.items() if getattr(self, n) != d]
+            why = ("--use_base_as_proposal weights the policy's own samples" if negatives else
+                   "--harmlessness_training_loss_type reinforce has no negative term")
+            if given:
+                raise SwiftError(f"--{given[0]} does nothing here: {why} (no proposal is trained)")
+        if not negatives:
+            for name in ("use_base_as_proposal", "uniform_reweight", "separate_reweighting_beta"):
+                if getattr(self, name) not in (False, None):
+                    raise SwiftError(f"--{name} does nothing with --harmlessness_training_loss_type reinforce")
+        if self.actor_learning_rate < 0:
+            raise SwiftError(f"--actor_learning_rate must be >= 0, got {self.actor_learning_rate}")
+        if self.evaluate_on_neg_data and not os.path.isfile(self.evaluate_on_neg_data):
+            raise SwiftError(f"--evaluate_on_neg_data {self.evaluate_on_neg_data}: no such file")
+
     def _check_online(self) -> None:
         from swift.rlhf.grpo import ADVANTAGE_ESTIMATORS, scale_for
 
@@ -234,6 +303,10 @@ class RLHFArguments(SftArguments):
 
     parts: ClassVar[dict[str, type]] = {**SftArguments.parts, "rlhf_args": RlhfArguments}
     defaults: ClassVar[dict[str, Any]] = {"loss_scale": "last_round"}
+    # the RePULSe fork's names of flags we have (its --init_kl_coef is OpenRLHF's, an alias of --beta)
+    aliases: ClassVar[dict[str, str]] = {"pretrain": "model", "base_actor_learning_rate": "learning_rate",
+                                         "duplicate_rollout_batch_by": "num_generations",
+                                         "harmlessness_training_num_episodes": "num_train_epochs"}
 
     def __post_init__(self) -> None:
         algo = self.rlhf_args.algorithm
@@ -271,8 +344,26 @@ class RLHFArguments(SftArguments):
             engine = "deepspeed" if self.training_args.deepspeed_config else "fsdp"
             raise SwiftError(f"--rlhf_type ppo under --{engine} is not in this version yet (its critic is trained "
                              "beside the policy on each rank); use DDP (NPROC_PER_NODE) or one process")
+        if self.rlhf_type == "harmless":
+            self._check_harmless()
         if self.training_args.deepspeed_config:
             self._check_deepspeed(algo)
+
+    def _check_harmless(self) -> None:
+        r = self.rlhf_args
+        if self.training_args.deepspeed_config or self.training_args.fsdp:
+            engine = "deepspeed" if self.training_args.deepspeed_config else "fsdp"
+            raise SwiftError(f"--rlhf_type harmless under --{engine} is not in this version yet (its proposal is "
+                             "trained beside the policy on each rank); use DDP (NPROC_PER_NODE) or one process")
+        learns_q = r.harmlessness_training_loss_type == "neg_training" and not r.use_base_as_proposal
+        if learns_q and r.proposal is None:
+            r.proposal = "adapter" if self.tuner_type == "lora" else "copy"
+        if r.proposal == "adapter" and self.tuner_type != "lora":
+            raise SwiftError(f"--proposal adapter is a second LoRA adapter beside the policy's: it needs --tuner_type "
+                             f"lora (got {self.tuner_type}); use --proposal copy")
+        if r.proposal == "adapter" and (self.use_dora or self.quant_bits):
+            raise SwiftError("--proposal adapter with --use_dora / --quant_bits is not in this version; use --proposal "
+                             "copy")
 
     def _check_deepspeed(self, algo) -> None:
         from swift.arguments.deepspeed import zero3

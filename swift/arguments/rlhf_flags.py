@@ -18,7 +18,7 @@ class RlhfCommonFlags:
     algorithms: ClassVar[tuple[str, ...] | None] = None
 
     rlhf_type: str = field(default="dpo", metadata={
-        "help": "Algorithm: dpo, orpo, simpo, cpo, kto, rm, prm, gkd, grpo, ppo."})
+        "help": "Algorithm: dpo, orpo, simpo, cpo, kto, rm, prm, gkd, grpo, ppo, harmless (RePULSe)."})
     ref_model: str | None = field(default=None, metadata={
         "help": "Reference model (default: the frozen starting model; for LoRA and --adapters, the policy with its "
                 "adapters disabled, i.e. the base model without --adapters, as in ms-swift)."})
@@ -69,9 +69,9 @@ class PreferenceFlags:
 
 @dataclass
 class SamplingFlags:
-    """`swift rlhf` flags of on-policy sampling (gkd, grpo, ppo)."""
-    _argument_group_name: ClassVar[str] = "on-policy sampling (gkd, grpo, ppo)"
-    algorithms: ClassVar[tuple[str, ...] | None] = ("gkd", "grpo", "ppo")
+    """`swift rlhf` flags of on-policy sampling (gkd, grpo, ppo, harmless)."""
+    _argument_group_name: ClassVar[str] = "on-policy sampling (gkd, grpo, ppo, harmless)"
+    algorithms: ClassVar[tuple[str, ...] | None] = ("gkd", "grpo", "ppo", "harmless")
 
     max_completion_length: int = field(default=512, metadata={"help": "Most tokens the policy generates (gkd, grpo)."})
     temperature: float = field(default=0.9, metadata={"help": "Sampling temperature of on-policy generation (gkd, grpo)."})
@@ -96,9 +96,9 @@ class DistillFlags:
 
 @dataclass
 class OnlineFlags:
-    """`swift rlhf` flags of online RL (grpo, ppo)."""
-    _argument_group_name: ClassVar[str] = "online RL (grpo, ppo)"
-    algorithms: ClassVar[tuple[str, ...] | None] = ("grpo", "ppo")
+    """`swift rlhf` flags of online RL (grpo, ppo, harmless)."""
+    _argument_group_name: ClassVar[str] = "online RL (grpo, ppo, harmless)"
+    algorithms: ClassVar[tuple[str, ...] | None] = ("grpo", "ppo", "harmless")
 
     num_generations: int | None = field(default=None, metadata={
         "help": "grpo: completions sampled per prompt (a group; default 8, ppo 1). OpenRLHF: --n_samples_per_prompt."})
@@ -244,3 +244,66 @@ class PPOFlags:
         "help": "ppo: subtract this from the score of a completion cut at --max_completion_length."})
     reward_clip_range: list[float] = field(default_factory=list, metadata={
         "help": "ppo: LOW HIGH: clip each completion's score to this range (OpenRLHF clips to -10 10)."})
+
+
+@dataclass
+class HarmlessFlags:
+    """`swift rlhf` flags of harmlessness training (RePULSe, arXiv 2510.21184; the fork's names)."""
+    _argument_group_name: ClassVar[str] = "harmless (RePULSe)"
+    algorithms: ClassVar[tuple[str, ...] | None] = ("harmless",)
+
+    do_harmlessness_training: bool = field(default=False, metadata={
+        "help": "harmless: the fork's switch; the same as --rlhf_type harmless."})
+    harmlessness_training_loss_type: str = field(default="neg_training", metadata={
+        "help": "harmless: neg_training (RePULSe: the RL loss plus --alpha × the importance-weighted log-prob of the "
+                "proposal's samples) or reinforce (the RL loss alone: REINFORCE, with --reward_transform the reward "
+                "transform baseline)."})
+    alpha: float = field(default=0.5, metadata={
+        "help": "harmless: α, the weight of the negative term (also --rew_trans_alpha's default)."})
+    target_dist_beta: float | None = field(default=None, metadata={
+        "help": "harmless: β < 0 of the target σ(s) ∝ p(s)·exp(β r(s)) the proposal learns (e.g. -10); 1 with "
+                "--rm_type indicator_below_threshold."})
+    rm_type: str = field(default="rlhf", metadata={
+        "help": "harmless: rlhf (log φ = β r) or indicator_below_threshold (log φ = log(1[r < --threshold] + 1e-16))."})
+    threshold: float = field(default=-5.0, metadata={
+        "help": "harmless: a reward below this is bad (the indicator, minus_alpha_ind, the bad-rate metrics)."})
+    reward_transform: str | None = field(default=None, metadata={
+        "help": "harmless: the policy's reward r' = r - a·exp(b·r) (minus_alpha_exp_beta_r) or r - a·1[r < "
+                "--threshold] (minus_alpha_ind); off by default."})
+    rew_trans_alpha: float | None = field(default=None, metadata={"help": "harmless: a of --reward_transform (--alpha)."})
+    rew_trans_beta: float | None = field(default=None, metadata={
+        "help": "harmless: b of --reward_transform (--target_dist_beta)."})
+    reinforce_baseline_type: str = field(default="expectation", metadata={
+        "help": "harmless: expectation (the mean return of the prompt's other samples, RLOO) or none."})
+    actor_loss_type: str = field(default="ctl", metadata={
+        "help": "harmless: the proposal's loss: ctl (contrastive twist learning), ctl_nosecondterm (its first "
+                "term), dpg (weighted log-likelihood of its samples; --parameterization policy)."})
+    parameterization: str = field(default="policy_psi_q_p_s_t", metadata={
+        "help": "harmless: policy_psi_q_p_s_t (twist log ψ_t = log q(s_t) - log p(s_t)), policy_psi_q_p_s_1_to_t "
+                "(summed over t' <= t), or policy (with --actor_loss_type dpg)."})
+    num_episodes: int = field(default=1, metadata={
+        "help": "harmless: proposal updates per policy update; the first num_episodes - 1 on fresh proposal "
+                "samples alone."})
+    actor_learning_rate: float = field(default=1e-6, metadata={
+        "help": "harmless: the proposal's learning rate (the fork's name; the policy's is --learning_rate, the "
+                "fork's --base_actor_learning_rate). AdamW with the policy's betas, eps and weight decay, constant."})
+    proposal: str | None = field(default=None, metadata={
+        "help": "harmless: the proposal q: copy (a second copy of the starting model, tuned as --tuner_type, as the "
+                "fork) or adapter (a second LoRA adapter on the policy's base: no second copy of the weights; needs "
+                "--tuner_type lora). Default: adapter with LoRA, else copy."})
+    use_base_as_proposal: bool = field(default=False, metadata={
+        "help": "harmless: no proposal: the policy's own samples, weighted by softmax(β r), are the negatives."})
+    sampling_target_updated_base: bool = field(default=False, metadata={
+        "help": "harmless: update the policy first, then the proposal against the updated policy."})
+    separate_reweighting_beta: float | None = field(default=None, metadata={
+        "help": "harmless: the policy's importance weights use log φ = this × r (the proposal keeps β)."})
+    uniform_reweight: bool = field(default=False, metadata={
+        "help": "harmless: weights 1/N instead of the importance weights (an ablation)."})
+    save_negdata: bool = field(default=False, metadata={
+        "help": "harmless: write every distinct sample with reward below --save_negdata_threshold to "
+                "<output_dir>/negdata.jsonl."})
+    save_negdata_threshold: float = field(default=-10000.0, metadata={
+        "help": "harmless: the reward below which --save_negdata keeps a sample."})
+    evaluate_on_neg_data: str | None = field(default=None, metadata={
+        "help": "harmless: a negdata.jsonl (--save_negdata); after training, its samples' mean log-prob under the "
+                "trained policy and, per prompt, the log-sum-exp (logged as neg_data/*)."})

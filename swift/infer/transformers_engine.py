@@ -318,6 +318,10 @@ class TransformersEngine(InferEngine):
             job.delivered = job.cancelled = True  # its rows leave the batch
             job.deliver(error)
 
+    def activate_adapter(self, name: str | None) -> None:
+        """Make `name` (None: the base) the model's active adapter, as a request naming it would."""
+        self._set_adapter(name)
+
     def _set_adapter(self, name: str | None) -> None:
         if hasattr(self.model, "peft_config"):
             if self._active_adapter == (name,):

@@ -20,6 +20,7 @@ from swift.pipelines.base import resolve_args
 from swift.pipelines.train import TrainPipeline
 from swift.template.base import IGNORE_INDEX, RowError, Template
 from swift.trainers.grpo import GRPOTrainer
+from swift.trainers.harmless import HarmlessTrainer
 from swift.trainers.ppo import PPOTrainer
 from swift.trainers.rlhf import ClassifierTrainer, DistillTrainer, PreferenceTrainer
 from swift.utils.logging import get_logger
@@ -196,8 +197,9 @@ class RLHFPipeline(TrainPipeline):
             import_plugin(path)
         super().__init__(args)
         self.algorithm = args.rlhf_args.algorithm
-        # an online algorithm with a learned critic trains it beside the policy
-        self.trainer_cls = PPOTrainer if self.algorithm.critic else TRAINERS[self.algorithm.trainer]
+        # an online algorithm with a learned critic (or proposal) trains it beside the policy
+        self.trainer_cls = PPOTrainer if self.algorithm.critic else HarmlessTrainer if self.algorithm.proposal \
+            else TRAINERS[self.algorithm.trainer]
 
     def row_encoder(self, template: Template):
         return functools.partial(_encode_row, ENCODERS[self.algorithm.data], template, self.args)
@@ -275,6 +277,10 @@ class RLHFPipeline(TrainPipeline):
                  "engine_factory": self._engine_factory()}
         if self.algorithm.critic:
             parts["critic"] = self._critic(model)
+        if a.proposal == "copy":  # a second copy of the start, tuned as the policy (the adapter: in the trainer)
+            from swift.tuners import prepare_model
+
+            parts["proposal_model"] = prepare_model(copy.deepcopy(model), a.tuner_args, task_type="causal_lm")
         if a.prm_model:
             from swift.rewards.process import ProcessRewardModel
 

@@ -27,6 +27,7 @@ class Algorithm:
         default for any other one is refused in one line (`swift.arguments.rlhf`).
     whole_sequence_nll: the preference trainer also sums log-probs over every token (prompt included).
     critic: online RL with a learned value model (PPO): per-token advantages by GAE.
+    proposal: online RL with a learned proposal that samples the policy's bad outputs (RePULSe).
     """
 
     trainer: str
@@ -39,6 +40,7 @@ class Algorithm:
     loss_types: Registry | None = None
     whole_sequence_nll: bool = False
     critic: bool = False
+    proposal: bool = False
     flags: frozenset = frozenset()
 
 
