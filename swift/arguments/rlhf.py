@@ -23,10 +23,8 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
     def __post_init__(self) -> None:
         from swift.rlhf import ALGORITHMS
 
-        if self.do_harmlessness_training:  # the fork's switch for the algorithm
-            if self.rlhf_type not in ("dpo", "harmless"):  # dpo: the default, not a choice
-                raise SwiftError(f"--do_harmlessness_training selects --rlhf_type harmless, not {self.rlhf_type}")
-            self.rlhf_type = "harmless"
+        if self.do_harmlessness_training and self.rlhf_type == "dpo":  # the fork's switch (dpo: our default)
+            self.rlhf_type = "harmless"  # with another --rlhf_type it is refused below as unread
         self._refuse_unread(ALGORITHMS.get(self.rlhf_type))
         for name in ("vllm_server_host", "vllm_server_port"):
             value = getattr(self, name)

@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import json
 import os
+import shutil
 
 import torch
 import torch.distributed as dist
@@ -98,6 +99,8 @@ class Proposal:
             policy.add_adapter(PROPOSAL_ADAPTER, copy.deepcopy(policy.peft_config[own]))
             for p, flag in flags.items():
                 p.requires_grad_(flag)
+            if a.disable_dropout:  # the trainer turned off the policy's dropout before this adapter existed
+                disable_dropout(policy)
             params = dict(policy.named_parameters())
             self.named = [(n, p) for n, p in params.items() if f".{PROPOSAL_ADAPTER}." in n]
             with torch.no_grad():
@@ -344,14 +347,16 @@ class HarmlessTrainer(GRPOTrainer):
         q.freeze(trainable=True)
         total = torch.zeros((), dtype=torch.float64)
         try:
-            for chunk, policy_logps in zip(neg.chunks, policy):
-                batch = self._prepare_inputs(dict(chunk))
-                terms = proposal_terms(q.logps(self, batch), policy_logps, batch["proposal_logps"], batch["phi"],
-                                       batch["loss_mask"], self.num_generations, a.actor_loss_type,
-                                       a.parameterization)
-                loss = terms["rows"] / rows
-                loss.backward()
-                total += loss.detach().double().cpu()
+            # the adapter stays switched through the backward (recomputed activations must be q's)
+            with q.active():
+                for chunk, policy_logps in zip(neg.chunks, policy):
+                    batch = self._prepare_inputs(dict(chunk))
+                    terms = proposal_terms(q.logps(self, batch), policy_logps, batch["proposal_logps"], batch["phi"],
+                                           batch["loss_mask"], self.num_generations, a.actor_loss_type,
+                                           a.parameterization)
+                    loss = terms["rows"] / rows
+                    loss.backward()
+                    total += loss.detach().double().cpu()
             params = [p for _, p in q.named if p.grad is not None]
             if self.accelerator.num_processes > 1:
                 for p in params:
@@ -433,15 +438,19 @@ class HarmlessTrainer(GRPOTrainer):
         if self.proposal is not None and self.args.should_save:
             checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
             self.proposal.save_checkpoint(checkpoint)
+            if self.proposal.adapter is not None:
+                # PEFT saved the proposal adapter in a subfolder too; the HF Trainer's resume would load
+                # that subfolder *instead of* the policy's adapter. Its tensors are in PROPOSAL_STATE.
+                shutil.rmtree(os.path.join(checkpoint, PROPOSAL_DIR), ignore_errors=True)
 
     def _loop_state(self) -> dict:
-        state = {"pending": self._pending}
+        state = {"proposal_pending": self._pending}
         if self.proposal is not None:
             state["proposal_optimizer"] = self.proposal.optimizer.state_dict()
         return state
 
     def _load_loop_state(self, state: dict, checkpoint: str) -> None:
-        self._pending = state.get("pending")
+        self._pending = state.get("proposal_pending")
         if self.proposal is not None:
             self.proposal.load_checkpoint(checkpoint)
             self.proposal.optimizer.load_state_dict(state["proposal_optimizer"])

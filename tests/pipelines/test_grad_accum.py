@@ -115,3 +115,12 @@ def test_grpo_with_rows_that_carry_no_loss_does_not_depend_on_gradient_accumulat
     assert_same(tmp_path, "grpo", 8, 2, *UNSCORED, "--num_generations", "4", "--max_completion_length", "6",
                 "--temperature", "1.0", "--loss_type", loss_type)
 
+
+
+@pytest.mark.parametrize("reward", [["--reward_funcs", "toy_harm"], UNSCORED], ids=["scored", "unscored"])
+def test_harmless_does_not_depend_on_gradient_accumulation(tmp_path, reward):
+    # RePULSe: each micro-batch holds pθ's samples and the proposal's of the same prompts; both terms
+    # divide by the step's P·N samples (unscored rows included: no advantage, no weight), and the
+    # proposal's step sums its chunks over the same rows
+    assert_same(tmp_path, "harmless", 8, 2, *reward, "--num_generations", "4", "--max_completion_length", "4",
+                "--temperature", "1.0", "--target_dist_beta", "-2", "--alpha", "0.5")

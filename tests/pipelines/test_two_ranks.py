@@ -89,3 +89,16 @@ def test_ppo_policy_and_critic_match_one_rank(tmp_path, quickstart, backbone):
         assert set(one) == {"weight", "bias"}
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_harmless_on_two_ranks_equals_one_rank(tmp_path, quickstart):
+    # RePULSe with its proposal (a copy): the policy's loss divides by every rank's P·N samples, the
+    # proposal's gradients are averaged over ranks by the trainer; greedy rollouts of the quickstart's
+    # sft model (as above), a reward with some unscored rows
+    sft = os.path.join(quickstart[1], "sft")
+    logs = assert_same_run(tmp_path, ["reward", "loss/neg", "loss/proposal"], "--model", sft, "--rlhf_type",
+                           "harmless", "--dataset", "builtin:arith-sft#16", "--reward_funcs",
+                           "text_length_sevens_unscored", "--external_plugins", TEXT_LENGTH[-1], "--num_generations",
+                           "2", "--temperature", "0", "--max_completion_length", "6", "--target_dist_beta", "-0.5",
+                           "--alpha", "0.5", "--actor_learning_rate", "1e-3", "--beta", "0.1")
+    assert logs[0]["loss/neg"] != 0

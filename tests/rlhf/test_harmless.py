@@ -1,0 +1,276 @@
+"""`swift rlhf --rlhf_type harmless` (RePULSe): every loss term against the formulas of
+docs/harmlessness.md computed by hand (plain per-row forwards, loops over prompts and tokens) on the
+batch the trainer itself sampled, through its own rollout and `compute_loss`; refusals; the proposal
+as a second LoRA adapter; resume."""
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from swift.pipelines.rlhf import rlhf_main
+from swift.rewards.safety import toy_token_scores
+from swift.utils.registry import SwiftError
+from tests.conftest import train_argv
+
+N = 4
+
+
+def harmless_argv(out, *extra):
+    return train_argv(out, "--rlhf_type", "harmless", "--dataset", "builtin:arith-sft#8", "--reward_funcs", "toy_harm",
+                      "--num_generations", str(N), "--per_device_train_batch_size", "8", "--max_completion_length",
+                      "3", "--temperature", "1.0", *extra)
+
+
+def build(out, *extra):
+    from swift.arguments.rlhf import RLHFArguments
+    from swift.pipelines.base import resolve_args
+    from swift.pipelines.rlhf import RLHFPipeline
+
+    return RLHFPipeline(resolve_args(RLHFArguments, harmless_argv(out, *extra), "swift rlhf")).build_trainer()
+
+
+def perturb(module, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def row_logps(model, prompt, completion):
+    """Each completion token's log-prob, from one unpadded forward of this row alone."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].double()
+    logp = logits[len(prompt) - 1:len(prompt) + len(completion) - 1].log_softmax(-1)
+    return [logp[t, c].item() for t, c in enumerate(completion)]
+
+
+def reward(completion):
+    scores = toy_token_scores()
+    return sum(scores[t].item() for t in completion)
+
+
+def softmax(xs):
+    top = max(xs)
+    if top == -math.inf:
+        return [0.0] * len(xs)
+    e = [math.exp(x - top) for x in xs]
+    return [v / sum(e) for v in e]
+
+
+CASES = {
+    "neg_training": ["--target_dist_beta", "-2"],
+    "indicator": ["--target_dist_beta", "1", "--rm_type", "indicator_below_threshold", "--threshold", "1.5"],
+    "base_as_proposal": ["--target_dist_beta", "-2", "--use_base_as_proposal"],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
+    alpha, kl_coef, beta = 0.7, 0.3, float(CASES[case][1])
+    frozen_q = [] if case == "base_as_proposal" else ["--actor_learning_rate", "0"]  # q_old stays q
+    trainer = build(tmp_path, "--tuner_type", "full", "--alpha", str(alpha), "--beta", str(kl_coef), *frozen_q,
+                    *CASES[case])
+    policy, ref, q = trainer.model, trainer.ref_model, trainer.proposal
+    perturb(policy, 1)  # pθ ≠ p0, so the KL in the return is not 0
+    if q is not None:
+        perturb(q.module, 2)  # q ≠ pθ, so the importance weights are not the target's alone
+    recorded = []
+    step = trainer.proposal_step
+    trainer.proposal_step = lambda neg: (recorded.append(neg), step(neg))[1]
+    prompts = [trainer.train_dataset[i] for i in range(2)]
+    batch = trainer.rollout(prompts, 0, trainer._queue, trainer.cycle, False)
+    micro = batch.micro
+    assert len(micro) == 1
+    trainer._set_step_counts(micro)
+    loss = trainer.compute_loss(policy, trainer._prepare_inputs(dict(micro[0]))).item()
+
+    indicator = case == "indicator"
+
+    def phi(r):
+        if indicator:
+            return math.log((1.0 if r < 1.5 else 0.0) + 1e-16)
+        return beta * r
+
+    own = [(t.prompt_ids, t.completion_ids) for t in batch.trajectories]
+    rl = 0.0
+    for g in range(2):
+        rows = own[g * N:(g + 1) * N]
+        returns = []
+        for p, c in rows:
+            lp, l0 = row_logps(policy, p, c), row_logps(ref, p, c)
+            returns.append(reward(c) - kl_coef * sum(a - b for a, b in zip(lp, l0)))
+        for i, (p, c) in enumerate(rows):
+            baseline = (sum(returns) - returns[i]) / (N - 1)
+            lp = row_logps(policy, p, c)
+            rl += (returns[i] - baseline) * (-sum(lp) / len(lp))
+    if case == "base_as_proposal":
+        negatives = own
+    else:
+        assert len(recorded) == 1
+        negatives = [(t.prompt_ids, t.completion_ids) for t in recorded[0].trajectories]
+        assert [len(c) for _, c in negatives] == [len(t.completion_ids) for t in recorded[0].trajectories]
+    neg = 0.0
+    for g in range(2):
+        rows = negatives[g * N:(g + 1) * N]
+        logw = []
+        for p, c in rows:
+            lp = row_logps(policy, p, c)
+            lq = row_logps(q.module, p, c) if q is not None else lp
+            logw.append(sum(lp) + phi(reward(c)) - sum(lq))
+        weights = softmax(logw)
+        if indicator:  # zeroed where φ ≤ 2e-16, not renormalised
+            weights = [w if reward(c) < 1.5 else 0.0 for w, (_, c) in zip(weights, rows)]
+        for w, (p, c) in zip(weights, rows):
+            lp = row_logps(policy, p, c)
+            neg += w * sum(lp) / len(lp)
+    expected = (rl + alpha * neg) / (2 * N)  # the mean over the step's P·N samples
+    assert loss == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert abs(alpha * neg) > 1e-3 and abs(rl) > 1e-3  # both terms are exercised
+
+    if q is None:
+        return
+    # q's CTL loss, logged by its step: per-token twists, w^σ per sample, w^π per sample and token
+    ctl = 0.0
+    for g in range(2):
+        rows = negatives[g * N:(g + 1) * N]
+        lp = [row_logps(policy, p, c) for p, c in rows]
+        lq = [row_logps(q.module, p, c) for p, c in rows]
+        sigma = softmax([sum(a) + phi(reward(c)) - sum(b) for a, b, (_, c) in zip(lp, lq, rows)])
+        width = max(len(c) for _, c in rows)
+        for t in range(width):
+            # a finished row keeps its totals in later positions' weights (its twist there is 0)
+            logits = []
+            for a, b in zip(lp, lq):
+                k = min(t, len(a) - 1)
+                psi = b[t] - a[t] if t < len(a) else 0.0
+                logits.append(sum(a[:k + 1]) + psi - sum(b[:k + 1]))
+            pi = softmax(logits)
+            for i, (a, b) in enumerate(zip(lp, lq)):
+                if t < len(a):
+                    ctl -= (sigma[i] - pi[i]) * (b[t] - a[t]) / len(a)
+    logged = trainer._metrics["train"]["loss/proposal"][-1]
+    assert logged == pytest.approx(ctl / (2 * N), rel=1e-4, abs=1e-7)
+    assert abs(ctl) > 1e-4
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--target_dist_beta", "-1", "--parameterization", "policy"], "learns a twist"),
+    (["--target_dist_beta", "-1", "--actor_loss_type", "dpg"], "--parameterization policy"),
+    (["--target_dist_beta", "-10", "--rm_type", "indicator_below_threshold"], "--target_dist_beta 1"),
+    (["--target_dist_beta", "-1", "--num_generations", "1", "--per_device_train_batch_size", "4"], "at least 2"),
+    ([], "needs --target_dist_beta"),
+    (["--target_dist_beta", "-1", "--harmlessness_training_loss_type", "neg_reinforce"], "not in this version"),
+    (["--target_dist_beta", "-1", "--parameterization", "modulation_model"], "not in this version"),
+    (["--harmlessness_training_loss_type", "reinforce", "--num_episodes", "3"], "no proposal is trained"),
+    (["--target_dist_beta", "-1", "--use_base_as_proposal", "--actor_learning_rate", "1e-4"], "no proposal"),
+    (["--target_dist_beta", "-1", "--proposal", "adapter", "--tuner_type", "full"], "needs --tuner_type lora"),
+    (["--target_dist_beta", "-1", "--epsilon", "0.3"], "--epsilon does nothing for --rlhf_type harmless"),
+    (["--target_dist_beta", "-1", "--use_vllm", "true"], "--use_vllm does nothing for --rlhf_type harmless"),
+])
+def test_bad_combinations_are_refused_in_one_line(tmp_path, argv, message):
+    from swift.arguments.rlhf import RLHFArguments
+    from swift.pipelines.base import resolve_args
+
+    with pytest.raises(SwiftError, match=message):
+        resolve_args(RLHFArguments, harmless_argv(tmp_path, *argv), "swift rlhf")
+
+
+def test_the_forks_names_select_and_configure_it(tmp_path):
+    from swift.arguments.rlhf import RLHFArguments
+    from swift.pipelines.base import resolve_args
+
+    args = resolve_args(RLHFArguments, train_argv(
+        tmp_path, "--do_harmlessness_training", "--target_dist_beta", "-10", "--duplicate_rollout_batch_by", "4",
+        "--base_actor_learning_rate", "1e-4", "--init_kl_coef", "0.5", "--harmlessness_training_num_episodes", "3",
+        "--reward_funcs", "toy_harm"), "swift rlhf")
+    assert (args.rlhf_type, args.num_generations, args.learning_rate, args.beta, args.num_train_epochs) == \
+        ("harmless", 4, 1e-4, 0.5, 3)
+
+
+def test_a_lora_proposal_is_a_second_adapter_on_the_policys_base(tmp_path):
+    """No second copy of the weights: q is the `proposal` adapter of the policy module; it is trained
+    (its weights leave the policy adapter's), the policy trains with its own adapter active, and the
+    output holds both adapters."""
+    from peft import PeftModel
+
+    from swift.model import load_model
+
+    out = tmp_path / "run"
+    rlhf_main(harmless_argv(out, "--tuner_type", "lora", "--target_dist_beta", "-2", "--actor_learning_rate", "1e-2",
+                            "--learning_rate", "1e-2", "--max_steps", "2", "--num_episodes", "2"))
+    logs = [json.loads(line) for line in open(out / "logging.jsonl")]
+    assert sum("loss/proposal" in r for r in logs) == 2 and all("loss/neg" in r for r in logs if "loss" in r)
+    assert (out / "proposal" / "adapter_model.safetensors").exists()
+    base = load_model("builtin:tiny-chat")[0]
+    model = PeftModel.from_pretrained(base, str(out))
+    model.load_adapter(str(out / "proposal"), adapter_name="proposal")
+    q = {n: p for n, p in model.named_parameters() if ".proposal." in n}
+    own = {n: p for n, p in model.named_parameters() if ".default." in n}
+    assert q and len(q) == len(own)
+    moved = [n for n, p in q.items() if not torch.equal(p, own[n.replace(".proposal.", ".default.")])]
+    assert moved  # the two adapters were trained apart
+
+
+def test_the_adapter_proposal_shares_the_policys_module(tmp_path):
+    trainer = build(tmp_path, "--tuner_type", "lora", "--target_dist_beta", "-2")
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    assert trainer.proposal.module is policy and policy.active_adapter == "default"
+    assert not any(p.requires_grad for _, p in trainer.proposal.named)  # outside the policy's optimizer
+    trainable = {id(p) for p in policy.parameters() if p.requires_grad}
+    assert trainable and not trainable & {id(p) for _, p in trainer.proposal.named}
+
+
+@pytest.mark.parametrize("tuner,flags", [("full", []), ("lora", ["--sampling_target_updated_base"])],
+                         ids=["copy", "adapter-flipped"])
+def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path, tuner, flags):
+    """Both models and both optimizers: from a checkpoint at step 2 of 4 the run ends with the
+    uninterrupted run's logged losses and both models' weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    def argv(out, *extra):
+        return harmless_argv(out, "--tuner_type", tuner, "--target_dist_beta", "-2", "--actor_learning_rate", "1e-3",
+                             "--learning_rate", "1e-3", "--max_steps", "4", "--save_strategy", "steps", "--save_steps",
+                             "2", "--beta", "0.1", *flags, *extra)
+
+    def read(out):
+        rows = [json.loads(line) for line in open(out / "logging.jsonl")]
+        return {r["global_step"]: r for r in rows if "loss" in r}
+
+    def weights(out):
+        names = ["model.safetensors", "adapter_model.safetensors", "proposal/model.safetensors",
+                 "proposal/adapter_model.safetensors"]
+        return {n: load_file(out / n) for n in names if (out / n).exists()}
+
+    rlhf_main(argv(tmp_path / "straight"))
+    straight, final = read(tmp_path / "straight"), weights(tmp_path / "straight")
+    assert len(final) == 2  # the policy and the proposal
+    out = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight" / "checkpoint-2", out / "checkpoint-2")
+    rlhf_main(argv(out, "--resume_from_checkpoint", str(out / "checkpoint-2")))
+    resumed = read(out)
+    assert sorted(resumed) == [3, 4]
+    for s, r in resumed.items():
+        for key in ("loss", "loss/neg", "loss/proposal", "reward"):
+            assert r[key] == pytest.approx(straight[s][key], rel=1e-5, abs=1e-7), (s, key)
+    for name, tensors in weights(out).items():
+        for key, tensor in final[name].items():
+            torch.testing.assert_close(tensors[key], tensor, rtol=0, atol=1e-6, msg=f"{name}: {key}")
+
+
+def test_negative_samples_are_saved_and_evaluated(tmp_path):
+    out = tmp_path / "run"
+    rlhf_main(harmless_argv(out, "--tuner_type", "full", "--target_dist_beta", "-2", "--max_steps", "2",
+                            "--save_negdata", "--save_negdata_threshold", "1.5"))
+    rows = [json.loads(line) for line in open(out / "negdata.jsonl")]
+    assert rows and all(r["reward"] < 1.5 for r in rows) and {r["source"] for r in rows} <= {"policy", "proposal"}
+    assert len({(tuple(r["prompt_ids"]), tuple(r["completion_ids"])) for r in rows}) == len(rows)
+    result = rlhf_main(harmless_argv(tmp_path / "eval", "--tuner_type", "full", "--target_dist_beta", "-2",
+                                     "--max_steps", "1", "--evaluate_on_neg_data", str(out / "negdata.jsonl")))
+    metrics = result["metrics"]
+    assert metrics["neg_data/samples"] == len(rows) and metrics["neg_data/mean_logp"] < 0
+    assert metrics["neg_data/logsumexp"] > metrics["neg_data/mean_logp"]
+    assert os.path.exists(tmp_path / "eval" / "result.json")
