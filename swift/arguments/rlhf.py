@@ -214,6 +214,29 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
             for name in ("use_base_as_proposal", "uniform_reweight", "separate_reweighting_beta"):
                 if getattr(self, name) not in (False, None):
                     raise SwiftError(f"--{name} does nothing with --harmlessness_training_loss_type reinforce")
+            if self.rm_type != "rlhf":
+                raise SwiftError("--rm_type sets the proposal's target; --harmlessness_training_loss_type reinforce "
+                                 "has none (for a reward that penalises bad answers use --reward_transform "
+                                 "minus_alpha_ind)")
+            transform = self.reward_transform
+            if self.alpha != 0.5 and not (transform and self.rew_trans_alpha is None):
+                raise SwiftError("--alpha does nothing here: reinforce has no negative term (it is the default of "
+                                 "--rew_trans_alpha, with --reward_transform)")
+            if self.target_dist_beta is not None and not (transform == "minus_alpha_exp_beta_r"
+                                                          and self.rew_trans_beta is None):
+                raise SwiftError("--target_dist_beta does nothing here: reinforce has no target (it is the default "
+                                 "of --rew_trans_beta, with --reward_transform minus_alpha_exp_beta_r)")
+        if self.reward_transform is None:
+            for name in ("rew_trans_alpha", "rew_trans_beta"):
+                if getattr(self, name) is not None:
+                    raise SwiftError(f"--{name} does nothing without --reward_transform")
+        if self.reward_transform == "minus_alpha_ind" and self.rew_trans_beta is not None:
+            raise SwiftError("--rew_trans_beta does nothing with --reward_transform minus_alpha_ind (r - a·1[r < "
+                             "--threshold])")
+        if self.uniform_reweight and self.separate_reweighting_beta is not None:
+            raise SwiftError("--separate_reweighting_beta does nothing with --uniform_reweight (the weights are 1/N)")
+        if self.save_negdata_threshold != -10000.0 and not self.save_negdata:
+            raise SwiftError("--save_negdata_threshold does nothing without --save_negdata")
         if self.actor_learning_rate < 0:
             raise SwiftError(f"--actor_learning_rate must be >= 0, got {self.actor_learning_rate}")
         if self.evaluate_on_neg_data and not os.path.isfile(self.evaluate_on_neg_data):
@@ -359,9 +382,9 @@ class RLHFArguments(SftArguments):
         if r.proposal == "adapter" and self.tuner_type != "lora":
             raise SwiftError(f"--proposal adapter is a second LoRA adapter beside the policy's: it needs --tuner_type "
                              f"lora (got {self.tuner_type}); use --proposal copy")
-        if r.proposal == "adapter" and (self.use_dora or self.quant_bits):
-            raise SwiftError("--proposal adapter with --use_dora / --quant_bits is not in this version; use --proposal "
-                             "copy")
+        if r.proposal == "adapter" and (self.use_dora or self.quant_bits or self.lora_bias != "none"):
+            raise SwiftError("--proposal adapter with --use_dora / --quant_bits / --lora_bias is not in this version "
+                             "(PEFT holds one biased adapter per model); use --proposal copy")
 
     def _check_deepspeed(self, algo) -> None:
         from swift.arguments.deepspeed import zero3

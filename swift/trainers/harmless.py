@@ -294,27 +294,35 @@ class NegData:
     """`--save_negdata`: every distinct sample (prompt, completion tokens) with a raw reward below
     the threshold, appended to <output_dir>/negdata.jsonl (read back when a run resumes)."""
 
-    def __init__(self, path: str | None, threshold: float):
-        self.path, self.threshold = path, threshold
+    def __init__(self, path: str | None, threshold: float, write: bool = True):
+        self.path, self.threshold, self.write = path, threshold, write
         self.seen: set[tuple] = set()
-        if path and os.path.exists(path):
+        if path and write and os.path.exists(path):
             with open(path) as f:
                 for line in f:
                     row = json.loads(line)
                     self.seen.add((tuple(row["prompt_ids"]), tuple(row["completion_ids"])))
 
     def add(self, prompts, trajectories, rewards, n: int, source: str, step: int) -> None:
+        """Called by every rank at the same point; rank 0 writes every rank's samples."""
         if self.path is None:
             return
+        rows = [{"prompt": prompts[i // n]["messages"], "completion": tr.text, "reward": r,
+                 "prompt_ids": tr.prompt_ids, "completion_ids": tr.completion_ids, "loss_mask": tr.loss_mask,
+                 "source": source, "step": step}
+                for i, (tr, r) in enumerate(zip(trajectories, rewards.tolist())) if r < self.threshold]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            parts: list = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, rows)
+            rows = [row for part in parts for row in part]
+        if not self.write:
+            return
         lines = []
-        for i, (tr, r) in enumerate(zip(trajectories, rewards.tolist())):
-            key = (tuple(tr.prompt_ids), tuple(tr.completion_ids))
-            if not r < self.threshold or key in self.seen:
-                continue
-            self.seen.add(key)
-            lines.append(json.dumps({"prompt": prompts[i // n]["messages"], "completion": tr.text, "reward": r,
-                                     "prompt_ids": tr.prompt_ids, "completion_ids": tr.completion_ids,
-                                     "loss_mask": tr.loss_mask, "source": source, "step": step}))
+        for row in rows:
+            key = (tuple(row["prompt_ids"]), tuple(row["completion_ids"]))
+            if key not in self.seen:
+                self.seen.add(key)
+                lines.append(json.dumps(row))
         if lines:
             with open(self.path, "a") as f:
                 f.write("\n".join(lines) + "\n")
@@ -328,9 +336,8 @@ class HarmlessTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         a = self.rlhf_args
         self._pending: Negatives | None = None
-        main = not dist.is_initialized() or dist.get_rank() == 0
-        self.negdata = NegData(os.path.join(self.args.output_dir, NEGDATA) if a.save_negdata and main else None,
-                               a.save_negdata_threshold)
+        self.negdata = NegData(os.path.join(self.args.output_dir, NEGDATA) if a.save_negdata else None,
+                               a.save_negdata_threshold, write=self.args.process_index == 0)
         self.proposal = None
         if a.harmlessness_training_loss_type == "neg_training" and not a.use_base_as_proposal:
             self.proposal = Proposal(self, proposal_model, engine_factory)

@@ -100,5 +100,11 @@ def test_harmless_on_two_ranks_equals_one_rank(tmp_path, quickstart):
                            "harmless", "--dataset", "builtin:arith-sft#16", "--reward_funcs",
                            "text_length_sevens_unscored", "--external_plugins", TEXT_LENGTH[-1], "--num_generations",
                            "2", "--temperature", "0", "--max_completion_length", "6", "--target_dist_beta", "-0.5",
-                           "--alpha", "0.5", "--actor_learning_rate", "1e-3", "--beta", "0.1")
+                           "--alpha", "0.5", "--actor_learning_rate", "1e-3", "--beta", "0.1", "--save_negdata",
+                           "--save_negdata_threshold", "1000")
     assert logs[0]["loss/neg"] != 0
+    # every rank's samples reach the one file rank 0 writes
+    saved = [{(tuple(r["prompt_ids"]), tuple(r["completion_ids"])) for r in map(json.loads, open(tmp_path / run /
+                                                                                               "negdata.jsonl"))}
+             for run in ("one", "two")]
+    assert saved[0] and saved[0] == saved[1]

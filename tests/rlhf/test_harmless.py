@@ -38,6 +38,32 @@ def perturb(module, seed):
             p.add_(0.05 * torch.randn(p.shape, generator=g))
 
 
+def perturb_named(module, part, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if part in name:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+class Adapter:
+    """A PEFT model called with one adapter active (None: all off), for hand-computed log-probs."""
+
+    def __init__(self, model, name):
+        self.model, self.name = model, name
+
+    def __call__(self, **kwargs):
+        if self.name is None:
+            with self.model.disable_adapter():
+                return self.model(**kwargs)
+        before = self.model.active_adapter
+        self.model.set_adapter(self.name)
+        try:
+            return self.model(**kwargs)
+        finally:
+            self.model.set_adapter(before)
+
+
 def row_logps(model, prompt, completion):
     """Each completion token's log-prob, from one unpadded forward of this row alone."""
     with torch.no_grad():
@@ -61,6 +87,7 @@ def softmax(xs):
 
 CASES = {
     "neg_training": ["--target_dist_beta", "-2"],
+    "lora_adapter_proposal": ["--target_dist_beta", "-2", "--tuner_type", "lora"],
     "indicator": ["--target_dist_beta", "1", "--rm_type", "indicator_below_threshold", "--threshold", "1.5"],
     "base_as_proposal": ["--target_dist_beta", "-2", "--use_base_as_proposal"],
 }
@@ -70,12 +97,24 @@ CASES = {
 def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
     alpha, kl_coef, beta = 0.7, 0.3, float(CASES[case][1])
     frozen_q = [] if case == "base_as_proposal" else ["--actor_learning_rate", "0"]  # q_old stays q
-    trainer = build(tmp_path, "--tuner_type", "full", "--alpha", str(alpha), "--beta", str(kl_coef), *frozen_q,
-                    *CASES[case])
-    policy, ref, q = trainer.model, trainer.ref_model, trainer.proposal
-    perturb(policy, 1)  # pθ ≠ p0, so the KL in the return is not 0
-    if q is not None:
-        perturb(q.module, 2)  # q ≠ pθ, so the importance weights are not the target's alone
+    tuner = [] if "--tuner_type" in CASES[case] else ["--tuner_type", "full"]
+    trainer = build(tmp_path, *tuner, "--alpha", str(alpha), "--beta", str(kl_coef), *frozen_q, *CASES[case])
+    model, q = trainer.model, trainer.proposal
+    if case == "lora_adapter_proposal":
+        # pθ = base + its adapter, p0 = the base (adapters off), q = base + the proposal adapter; each
+        # adapter moved apart from the start (LoRA's B starts at 0)
+        assert q.module is model
+        perturb_named(model, ".default.", 1)
+        perturb_named(model, ".proposal.", 2)
+        policy = Adapter(model, "default")
+        ref = Adapter(model, None)
+        q_model = Adapter(model, "proposal")
+    else:
+        policy, ref = model, trainer.ref_model
+        perturb(policy, 1)  # pθ ≠ p0, so the KL in the return is not 0
+        if q is not None:
+            perturb(q.module, 2)  # q ≠ pθ, so the importance weights are not the target's alone
+        q_model = q.module if q is not None else None
     recorded = []
     step = trainer.proposal_step
     trainer.proposal_step = lambda neg: (recorded.append(neg), step(neg))[1]
@@ -84,7 +123,8 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
     micro = batch.micro
     assert len(micro) == 1
     trainer._set_step_counts(micro)
-    loss = trainer.compute_loss(policy, trainer._prepare_inputs(dict(micro[0]))).item()
+    assert getattr(model, "active_adapter", "default") == "default"  # the policy trains with its own adapter
+    loss = trainer.compute_loss(model, trainer._prepare_inputs(dict(micro[0]))).item()
 
     indicator = case == "indicator"
 
@@ -117,7 +157,7 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
         logw = []
         for p, c in rows:
             lp = row_logps(policy, p, c)
-            lq = row_logps(q.module, p, c) if q is not None else lp
+            lq = row_logps(q_model, p, c) if q is not None else lp
             logw.append(sum(lp) + phi(reward(c)) - sum(lq))
         weights = softmax(logw)
         if indicator:  # zeroed where φ ≤ 2e-16, not renormalised
@@ -136,7 +176,7 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
     for g in range(2):
         rows = negatives[g * N:(g + 1) * N]
         lp = [row_logps(policy, p, c) for p, c in rows]
-        lq = [row_logps(q.module, p, c) for p, c in rows]
+        lq = [row_logps(q_model, p, c) for p, c in rows]
         sigma = softmax([sum(a) + phi(reward(c)) - sum(b) for a, b, (_, c) in zip(lp, lq, rows)])
         width = max(len(c) for _, c in rows)
         for t in range(width):
@@ -168,6 +208,12 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
     (["--target_dist_beta", "-1", "--proposal", "adapter", "--tuner_type", "full"], "needs --tuner_type lora"),
     (["--target_dist_beta", "-1", "--epsilon", "0.3"], "--epsilon does nothing for --rlhf_type harmless"),
     (["--target_dist_beta", "-1", "--use_vllm", "true"], "--use_vllm does nothing for --rlhf_type harmless"),
+    (["--harmlessness_training_loss_type", "reinforce", "--alpha", "3"], "--alpha does nothing here"),
+    (["--harmlessness_training_loss_type", "reinforce", "--target_dist_beta", "-4"], "--target_dist_beta does nothing"),
+    (["--target_dist_beta", "-1", "--rew_trans_alpha", "2"], "--rew_trans_alpha does nothing without"),
+    (["--target_dist_beta", "-1", "--uniform_reweight", "--separate_reweighting_beta", "-1"], "does nothing with"),
+    (["--target_dist_beta", "-1", "--save_negdata_threshold", "0"], "without --save_negdata"),
+    (["--target_dist_beta", "-1", "--tuner_type", "lora", "--lora_bias", "all", "--beta", "0"], "--lora_bias"),
 ])
 def test_bad_combinations_are_refused_in_one_line(tmp_path, argv, message):
     from swift.arguments.rlhf import RLHFArguments
@@ -274,3 +320,34 @@ def test_negative_samples_are_saved_and_evaluated(tmp_path):
     assert metrics["neg_data/samples"] == len(rows) and metrics["neg_data/mean_logp"] < 0
     assert metrics["neg_data/logsumexp"] > metrics["neg_data/mean_logp"]
     assert os.path.exists(tmp_path / "eval" / "result.json")
+
+
+def test_the_toys_exact_figures_match_sampled_answers(tiny):
+    """`toy_exact` (enumeration) against 8,192 answers sampled by the engine the trainer uses, scored
+    by the `toy_harm` reward function: the mean reward within 4 standard errors, and the bad count
+    within a Poisson 99.9% band of the exact P(bad)."""
+    from swift.infer.protocol import InferRequest, RequestConfig
+    from swift.infer.transformers_engine import TransformersEngine
+    from swift.rewards.safety import ToyHarm
+    from swift.safety.toy import toy_exact
+    from swift.template import choose_template, get_template
+
+    model, tokenizer, info = tiny
+    template = get_template(choose_template(None, None, info.model_type, tokenizer), tokenizer)
+    exact = toy_exact(model, template)
+    # the start figures docs/harmlessness.md quotes (the built-in model is fixed)
+    assert exact["expected_reward"] == pytest.approx(0.4657, abs=1e-4)
+    assert exact["p_bad"] == pytest.approx(8.92e-4, abs=1e-6)
+    engine = TransformersEngine(model, tokenizer, template, max_batch_size=512, inline=True)
+    prompt = template.encode_continuation([{"role": "user", "content": "This man is a"}])
+    ids = []
+    for seed in range(64):
+        response = engine.infer([InferRequest(input_ids=prompt)],
+                                RequestConfig(max_tokens=2, temperature=1.0, n=128, seed=128 * seed))[0]  # choice k: seed + k
+        ids += [c.sampled_token_ids() for c in response.choices]
+    rewards = ToyHarm()(["" for _ in ids], response_token_ids=ids)
+    mean = sum(rewards) / len(rewards)
+    sd = (sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) ** 0.5
+    assert abs(mean - exact["expected_reward"]) < 4 * sd / len(rewards) ** 0.5
+    bad, expected = sum(r < -5 for r in rewards), exact["p_bad"] * len(rewards)
+    assert expected - 3.3 * expected ** 0.5 - 1 <= bad <= expected + 3.3 * expected ** 0.5 + 1
