@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,8 +23,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["--model", "builtin:tiny-chat", "--dataset", "builtin:toy-harm", "--reward_funcs", "toy_harm",
           "--tuner_type", "full", "--beta", "0", "--max_completion_length", "2", "--temperature", "1.0",
-          "--lr_scheduler_type", "constant", "--warmup_ratio", "0", "--logging_steps", "1", "--save_strategy", "no",
-          "--report_to", "none", "--disable_tqdm", "true", "--add_version", "false"]
+          "--lr_scheduler_type", "constant", "--warmup_ratio", "0", "--logging_steps", "1", "--report_to", "none",
+          "--disable_tqdm", "true", "--add_version", "false"]
 
 
 def methods(steps: int, lr: str, q_lr: str, alpha: str) -> dict[str, list[str]]:
@@ -58,10 +59,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--samples", type=int, default=64, help="N: samples per prompt and step")
-    p.add_argument("--steps", type=int, default=25, help="RePULSe's steps (the others: twice as many)")
+    p.add_argument("--steps", type=int, default=30, help="RePULSe's steps (the others: twice as many)")
     p.add_argument("--lr", default="3e-4")
     p.add_argument("--q_lr", default="1e-3")
-    p.add_argument("--alpha", default="0.01", help="α of RePULSe and of the base-as-proposal ablation")
+    p.add_argument("--every", type=int, default=5, help="RePULSe's steps between exact evaluations")
+    p.add_argument("--alpha", default="10", help="α of RePULSe and of the base-as-proposal ablation")
     p.add_argument("--only", nargs="*", default=None, help="run these methods only")
     p.add_argument("--out", default="bench-harmless")
     a = p.parse_args()
@@ -75,15 +77,24 @@ def main() -> None:
             if a.only and name not in a.only:
                 continue
             out = os.path.join(a.out, f"{name.replace(' ', '_')}-{seed}")
+            # a checkpoint every `every` steps of RePULSe (every 2·`every` of the others): the same samples
+            every = a.every * (1 if name == "RePULSe" else 2)
             argv = [sys.executable, "-m", "swift.cli.main", "rlhf", *COMMON, *flags, "--seed", str(seed),
                     "--num_generations", str(a.samples), "--per_device_train_batch_size", str(a.samples),
+                    "--save_strategy", "steps", "--save_only_model", "true", "--save_steps", str(every),
                     "--output_dir", out]
             t0 = time.time()
             proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
             if proc.returncode:
                 raise SystemExit(f"{name} seed {seed} failed:\n{proc.stderr[-3000:]}")
-            row = {"method": name, "seed": seed, "seconds": round(time.time() - t0, 1),
-                   "kernel": os.environ.get("MKL_CBWR", "default"), **exact(out), "argv": argv[3:]}
+            seconds = round(time.time() - t0, 1)
+            per_step = a.samples * (2 if name == "RePULSe" else 1)  # samples drawn per step
+            trajectory = [{"samples": 0, **start}]
+            for step in range(every, int(flags[flags.index("--max_steps") + 1]) + 1, every):
+                trajectory.append({"samples": step * per_step, **exact(os.path.join(out, f"checkpoint-{step}"))})
+                shutil.rmtree(os.path.join(out, f"checkpoint-{step}"))
+            row = {"method": name, "seed": seed, "seconds": seconds, "kernel": os.environ.get("MKL_CBWR", "default"),
+                   **trajectory[-1], "trajectory": trajectory, "argv": argv[3:]}
             with open(results, "a") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps({k: row[k] for k in ("method", "seed", "expected_reward", "log10_p_bad", "seconds")}),
@@ -107,6 +118,22 @@ def summarize(results: str, start: dict, out: str) -> None:
         sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
         lines.append(f"| {name} | {len(rs)} | {statistics.mean(er):.4f} ± {sd(er):.4f} | "
                      f"{statistics.mean(lp):.3f} ± {sd(lp):.3f} |")
+    # log10 P(bad) where each run's trajectory first reaches a reward level (linear between evaluations)
+    levels = [0.50, 0.55, 0.60]
+    lines += ["", "log10 P(bad) where the exact expected reward first reaches a level (mean ± sd over the runs "
+              "that reach it; runs reaching it / runs):", "",
+              "| method | " + " | ".join(f"E[r] = {x:.2f}" for x in levels) + " |",
+              "|---|" + "---|" * len(levels)]
+    for name, rs in by.items():
+        cells = []
+        for x in levels:
+            hits = [v for v in (at_reward(r["trajectory"], x) for r in rs) if v is not None]
+            if hits:
+                sd = statistics.stdev(hits) if len(hits) > 1 else 0.0
+                cells.append(f"{statistics.mean(hits):.3f} ± {sd:.3f} ({len(hits)}/{len(rs)})")
+            else:
+                cells.append(f"– (0/{len(rs)})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -115,16 +142,31 @@ def summarize(results: str, start: dict, out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    ax.scatter([start["expected_reward"]], [start["log10_p_bad"]], marker="*", s=150, c="k", label="start")
-    for name, rs in by.items():
-        ax.scatter([r["expected_reward"] for r in rs], [r["log10_p_bad"] for r in rs], label=name, alpha=0.8)
+    fig, ax = plt.subplots(figsize=(6.5, 4.8))
+    ax.scatter([start["expected_reward"]], [start["log10_p_bad"]], marker="*", s=150, c="k", label="start", zorder=3)
+    for i, (name, rs) in enumerate(by.items()):
+        color = f"C{i}"
+        for j, r in enumerate(rs):
+            t = r["trajectory"]
+            ax.plot([p["expected_reward"] for p in t], [p["log10_p_bad"] for p in t], color=color, alpha=0.35, lw=1)
+            ax.scatter([t[-1]["expected_reward"]], [t[-1]["log10_p_bad"]], color=color, s=18,
+                       label=name if j == 0 else None)
     ax.set_xlabel("exact expected reward")
     ax.set_ylabel("exact log10 P(bad)")
-    ax.set_title("harmlessness toy: reward against P(bad), same samples drawn")
+    ax.set_title("harmlessness toy: exact reward against exact P(bad) during training\n"
+                 "(lines: each run's evaluations; dots: the end, the same samples drawn)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "frontier.png"), dpi=120)
+
+
+def at_reward(trajectory: list[dict], level: float) -> float | None:
+    """log10 P(bad) where the trajectory's exact reward first reaches `level` (interpolated)."""
+    for a, b in zip(trajectory, trajectory[1:]):
+        if a["expected_reward"] < level <= b["expected_reward"]:
+            f = (level - a["expected_reward"]) / (b["expected_reward"] - a["expected_reward"])
+            return a["log10_p_bad"] + f * (b["log10_p_bad"] - a["log10_p_bad"])
+    return None
 
 
 if __name__ == "__main__":

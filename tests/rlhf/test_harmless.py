@@ -351,3 +351,28 @@ def test_the_toys_exact_figures_match_sampled_answers(tiny):
     assert abs(mean - exact["expected_reward"]) < 4 * sd / len(rewards) ** 0.5
     bad, expected = sum(r < -5 for r in rewards), exact["p_bad"] * len(rewards)
     assert expected - 3.3 * expected ** 0.5 - 1 <= bad <= expected + 3.3 * expected ** 0.5 + 1
+
+
+@pytest.mark.slow
+def test_repulse_lowers_the_toys_exact_p_bad(tmp_path):
+    """benchmarks/harmlessness.py's RePULSe run (α 10, β −10, 30 steps of 64 + 64 samples), seed 0:
+    the policy's exact expected reward rises and its exact P(bad) falls below the start. Over seeds
+    0–4 under the default and MKL_CBWR=COMPATIBLE kernels the reward ended at 0.58–0.64 (start 0.466)
+    and log10 P(bad) at −4.41 to −3.26 (start −3.05); the bounds below hold for every one of them
+    (docs/benchmarks.md). Which method wins at matched reward varied by seed and is not asserted."""
+    import sys
+
+    from swift.model import load_model
+    from swift.safety.toy import toy_exact
+    from swift.template import choose_template, get_template
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    from harmlessness import COMMON, methods
+
+    flags = methods(30, "3e-4", "1e-3", "10")["RePULSe"]
+    rlhf_main([*COMMON, "--save_strategy", "no", *flags, "--seed", "0", "--num_generations", "64",
+               "--per_device_train_batch_size", "64", "--output_dir", str(tmp_path / "run")])
+    model, tokenizer, info = load_model(str(tmp_path / "run"))
+    exact = toy_exact(model, get_template(choose_template(None, None, info.model_type, tokenizer), tokenizer))
+    assert exact["expected_reward"] > 0.55
+    assert exact["log10_p_bad"] < -3.15
