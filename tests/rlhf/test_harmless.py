@@ -357,9 +357,9 @@ def test_the_toys_exact_figures_match_sampled_answers(tiny):
 def test_repulse_lowers_the_toys_exact_p_bad(tmp_path):
     """benchmarks/harmlessness.py's RePULSe run (α 10, β −10, 30 steps of 64 + 64 samples), seed 0:
     the policy's exact expected reward rises and its exact P(bad) falls below the start. Over seeds
-    0–4 (default kernels; seeds 0 and 1 also under MKL_CBWR=COMPATIBLE, equal to 3 decimals) the
-    reward ended at 0.58–0.64 (start 0.466) and log10 P(bad) at −4.41 to −3.26 (start −3.05); the
-    bounds below hold for every one of them (docs/benchmarks.md). Which method wins at matched reward varied by seed and is not asserted."""
+    0–4 under the default and MKL_CBWR=COMPATIBLE kernels the reward ended at 0.58–0.64 (start 0.466)
+    and log10 P(bad) at −4.41 to −3.26 (start −3.05); the bounds below hold for every one of them
+    (docs/benchmarks.md). Which method wins at matched reward varied by seed and is not asserted."""
     import sys
 
     from swift.model import load_model
