@@ -159,8 +159,13 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
             raise SwiftError(f"--critic_learning_rate must be >= 0, got {self.critic_learning_rate}")
 
     def _check_harmless(self) -> None:
-        """RePULSe's combinations (`swift.rlhf.harmless`): what the fork refuses or cannot mean."""
-        loss = self.harmlessness_training_loss_type
+        """RePULSe's values and combinations (`swift.rlhf.harmless`): what the fork refuses or cannot
+        mean, then the flags this configuration would not read."""
+        if self.harmlessness_training_loss_type == "neg_reinforce":
+            raise SwiftError("--harmlessness_training_loss_type neg_reinforce is not in this version (use neg_training)")
+        if str(self.parameterization).startswith("modulation_"):
+            raise SwiftError("--parameterization modulation_* is not in this version: the proposal must be a model "
+                             "the inference engine samples from (policy_psi_q_p_s_t)")
         choices = {"harmlessness_training_loss_type": ("neg_training", "reinforce"),
                    "rm_type": ("rlhf", "indicator_below_threshold"),
                    "reward_transform": (None, "minus_alpha_exp_beta_r", "minus_alpha_ind"),
@@ -168,25 +173,20 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
                    "actor_loss_type": ("ctl", "ctl_nosecondterm", "dpg"),
                    "parameterization": ("policy_psi_q_p_s_t", "policy_psi_q_p_s_1_to_t", "policy"),
                    "proposal": (None, "copy", "adapter")}
-        not_here = {"neg_reinforce": "--harmlessness_training_loss_type neg_reinforce is not in this version (use "
-                                     "neg_training)",
-                    "modulation_model": "--parameterization modulation_* is not in this version: the proposal "
-                                        "must be a model the inference engine samples from (policy_psi_q_p_s_t)"}
         for name, allowed in choices.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                for key, message in not_here.items():
-                    if str(value).startswith(key):
-                        raise SwiftError(message)
-                raise SwiftError(f"--{name} {value!r} is not one of {', '.join(a for a in allowed if a)}")
+            if getattr(self, name) not in allowed:
+                raise SwiftError(f"--{name} {getattr(self, name)!r} is not one of {', '.join(a for a in allowed if a)}")
         if self.num_generations < 2:
             raise SwiftError(f"--num_generations (the fork's --duplicate_rollout_batch_by) must be at least 2 for "
                              f"--rlhf_type harmless, got {self.num_generations}: the baseline and the importance "
                              "weights compare the samples of one prompt")
         if self.num_episodes < 1:
             raise SwiftError(f"--num_episodes must be >= 1, got {self.num_episodes}")
-        negatives = loss == "neg_training"
-        learns_q = negatives and not self.use_base_as_proposal
+        if self.actor_learning_rate < 0:
+            raise SwiftError(f"--actor_learning_rate must be >= 0, got {self.actor_learning_rate}")
+        if self.evaluate_on_neg_data and not os.path.isfile(self.evaluate_on_neg_data):
+            raise SwiftError(f"--evaluate_on_neg_data {self.evaluate_on_neg_data}: no such file")
+        negatives = self.harmlessness_training_loss_type == "neg_training"
         if negatives and self.target_dist_beta is None:
             raise SwiftError("--harmlessness_training_loss_type neg_training needs --target_dist_beta (β < 0, e.g. "
                              "-10; 1 with --rm_type indicator_below_threshold)")
@@ -202,9 +202,13 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
                              "policy_psi_q_p_s_t or policy_psi_q_p_s_1_to_t (policy goes with dpg)")
         if not twist and self.parameterization != "policy":
             raise SwiftError("--actor_loss_type dpg trains the proposal as a policy: give --parameterization policy")
-        defaults = {"actor_loss_type": "ctl", "parameterization": "policy_psi_q_p_s_t", "num_episodes": 1,
-                    "actor_learning_rate": 1e-6, "proposal": None, "sampling_target_updated_base": False}
-        if not learns_q:
+        self._refuse_harmless_unread(negatives)
+
+    def _refuse_harmless_unread(self, negatives: bool) -> None:
+        """Harmless flags this configuration does not read (no proposal, no negative term, no transform)."""
+        if not negatives or self.use_base_as_proposal:  # no proposal is trained
+            defaults = {"actor_loss_type": "ctl", "parameterization": "policy_psi_q_p_s_t", "num_episodes": 1,
+                        "actor_learning_rate": 1e-6, "proposal": None, "sampling_target_updated_base": False}
             given = [n for n, d in defaults.items() if getattr(self, n) != d]
             why = ("--use_base_as_proposal weights the policy's own samples" if negatives else
                    "--harmlessness_training_loss_type reinforce has no negative term")
@@ -237,10 +241,6 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
             raise SwiftError("--separate_reweighting_beta does nothing with --uniform_reweight (the weights are 1/N)")
         if self.save_negdata_threshold != -10000.0 and not self.save_negdata:
             raise SwiftError("--save_negdata_threshold does nothing without --save_negdata")
-        if self.actor_learning_rate < 0:
-            raise SwiftError(f"--actor_learning_rate must be >= 0, got {self.actor_learning_rate}")
-        if self.evaluate_on_neg_data and not os.path.isfile(self.evaluate_on_neg_data):
-            raise SwiftError(f"--evaluate_on_neg_data {self.evaluate_on_neg_data}: no such file")
 
     def _check_online(self) -> None:
         from swift.rlhf.grpo import ADVANTAGE_ESTIMATORS, scale_for

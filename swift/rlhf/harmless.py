@@ -80,15 +80,16 @@ def returns_and_advantages(rewards: torch.Tensor, kl_sums: torch.Tensor | None, 
 
 
 def negative_weights(policy_sums: torch.Tensor, phi: torch.Tensor, proposal_sums: torch.Tensor, n: int, *,
-                     indicator: bool = False, uniform: bool = False) -> torch.Tensor:
+                     indicator_phi: torch.Tensor | None = None, uniform: bool = False) -> torch.Tensor:
     """w̄ = softmax over each prompt's samples of log pθ(s') + log φ(s') − log q_old(s') (1/N each with
-    `uniform`); 0 for unscored rows, and with the indicator where φ ≤ 2e-16."""
+    `uniform`); 0 for unscored rows, and with the indicator target (its log φ: `indicator_phi`, which
+    `--separate_reweighting_beta` leaves as it is) where φ ≤ 2e-16."""
     if uniform:
         weights = torch.where(phi.isnan(), torch.zeros_like(phi), torch.full_like(phi, 1.0 / n))
     else:
         weights = group_softmax(policy_sums + phi - proposal_sums, n)
-    if indicator:
-        weights = weights * (phi.nan_to_num(float("-inf")).exp() > ZERO_WEIGHT_BELOW).to(weights.dtype)
+    if indicator_phi is not None:
+        weights = weights * (indicator_phi.nan_to_num(float("-inf")).exp() > ZERO_WEIGHT_BELOW).to(weights.dtype)
     return weights
 
 

@@ -273,10 +273,9 @@ class HarmlessRollout(Rollout):
                 raw = rewards[i * rows:(i + 1) * rows] if t.proposal is None else \
                     self._neg.rewards[i * rows:(i + 1) * rows]
                 weighting = a.separate_reweighting_beta * raw
-            weights = negative_weights(policy_sums, weighting, proposal_sums, n, uniform=a.uniform_reweight)
-            if indicator:
-                weights = weights * (target.nan_to_num(float("-inf")).exp() > 2e-16).to(weights.dtype)
-            batch["neg_weights"] = weights
+            batch["neg_weights"] = negative_weights(policy_sums, weighting, proposal_sums, n,
+                                                    indicator_phi=target if indicator else None,
+                                                    uniform=a.uniform_reweight)
         self._log_harmless(rewards)
         return advantages
 
