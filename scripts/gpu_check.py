@@ -29,6 +29,9 @@ SMOKE = ["--model", MODEL, "--torch_dtype", "bfloat16", "--per_device_train_batc
 SFT = ["sft", *SMOKE, "--dataset", "builtin:arith-sft#640", "--max_steps", "40", "--learning_rate", "2e-3"]
 ONLINE = ["--dataset", "builtin:arith-sft#64", "--reward_funcs", "accuracy", "--max_completion_length", "8",
           "--max_steps", "3"]
+HARMLESS = ["--rlhf_type", "harmless", "--dataset", "builtin:toy-harm", "--reward_funcs", "toy_harm",
+            "--num_generations", "16", "--max_completion_length", "2", "--target_dist_beta", "-10", "--alpha", "10",
+            "--max_steps", "3"]
 # name -> (argv after `swift`, extra environment, what the README row calls it, what a pass checks)
 PATHS = {
     "sft_full_bf16": (SFT + ["--tuner_type", "full"], {}, "bf16 `swift sft`, full", "loss falls"),
@@ -50,13 +53,20 @@ PATHS = {
               "finite loss"),
     "liger": (SFT + ["--tuner_type", "full", "--use_liger_kernel", "true", "--max_steps", "10"], {},
               "`--use_liger_kernel`", "finite loss"),
+    "harmless_copy": (["rlhf", *SMOKE, *HARMLESS, "--tuner_type", "full", "--proposal", "copy"], {},
+                      "`swift rlhf --rlhf_type harmless` (RePULSe), full, the proposal a second copy", "finite loss"),
+    "harmless_adapter": (["rlhf", *SMOKE, *HARMLESS, "--tuner_type", "lora", "--proposal", "adapter"], {},
+                         "`swift rlhf --rlhf_type harmless` (RePULSe), LoRA, the proposal a second adapter",
+                         "finite loss"),
 }
 NEEDS = {"zero2": "deepspeed", "zero3": "deepspeed", "qlora": "bitsandbytes", "liger": "liger_kernel",
-         "trl_grpo": "trl", "trl_dpo": "trl"}
+         "trl_grpo": "trl", "trl_dpo": "trl", "red_team": "nanogcg"}
 SCRIPTS = {  # name -> (README row, what a pass checks)
     "chunked_logps": ("chunked log-probs at Qwen2.5-0.5B's shape against full logits", "equal within 2e-2"),
     "trl_grpo": ("GRPO step against TRL (benchmarks/memory.py)", "both ran"),
     "trl_dpo": ("DPO step against TRL (benchmarks/memory.py)", "both ran"),
+    "red_team": ("`bash examples/red_team.sh` (sft, infer, `swift attack` BEAST and GCG, `swift estimate` exact, "
+                 "ITGIS, brute force)", "48/48 held out; ITGIS and brute force within 10% of exact"),
 }
 
 
@@ -152,6 +162,8 @@ def run_script(name: str, out: str, limit: int) -> tuple[bool, str]:
         r = json.loads(lines[-1][7:])
         return r["max_abs_diff"] < 2e-2, (f"max |diff| {r['max_abs_diff']:.2e}; forward+backward peak "
                                           f"{r['full_mib']:.0f} MiB full logits, {r['chunked_mib']:.0f} MiB chunked")
+    if name == "red_team":
+        return run_red_team(out, limit)
     task = name.split("_")[1]
     length = "256" if task == "grpo" else "1024"  # GRPO's completions run to the limit: decoding dominates
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "memory.py"), "--only", task,
@@ -162,6 +174,28 @@ def run_script(name: str, out: str, limit: int) -> tuple[bool, str]:
         f.write(proc.stdout + proc.stderr)
     ok = proc.returncode == 0 and len(rows) == 2 and not any("failed" in r for r in rows)
     return ok, " ; ".join(" ".join(r.split()) for r in rows) or (proc.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def run_red_team(out: str, limit: int) -> tuple[bool, str]:
+    """examples/red_team.sh at its full size, with `swift` on PATH as this Python's `-m swift`."""
+    bin_dir = os.path.join(out, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    with open(os.path.join(bin_dir, "swift"), "w") as f:
+        f.write(f'#!/bin/sh\nexec "{sys.executable}" -m swift "$@"\n')
+    os.chmod(os.path.join(bin_dir, "swift"), 0o755)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"], "OUT": os.path.join(out, "run")}
+    proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "red_team.sh")], capture_output=True, text=True,
+                          timeout=limit, cwd=out, env=env)
+    with open(os.path.join(out, "red_team.txt"), "w") as f:
+        f.write(proc.stdout + proc.stderr)
+    if proc.returncode:
+        return False, (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    estimates = {m: json.load(open(os.path.join(out, "run", f"estimate_{m}.json"))) for m in ("exact", "itgis",
+                                                                                            "bruteforce")}
+    exact = estimates["exact"]["estimate"]
+    close = all(abs(estimates[m]["estimate"] - exact) <= 0.1 * exact for m in ("itgis", "bruteforce"))
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(("held-out", "beast:", "gcg:", "estimate "))]
+    return "held-out answers as trained: 48/48" in proc.stdout and close, " ; ".join(lines)
 
 
 def importable(module: str) -> bool:

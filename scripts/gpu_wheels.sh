@@ -38,6 +38,7 @@ WHEELS=(
     "annotated-types==0.8.0 deepspeed"
     "typing-inspection==0.4.5 deepspeed"
     "bitsandbytes==0.50.2 QLoRA 4-bit"
+    "nanogcg==0.3.0 swift attack --attack gcg (red_team)"
 )
 SDISTS=("deepspeed==0.19.8 DeepSpeed ZeRO-2/ZeRO-3 (built there with DS_BUILD_OPS=0)")
 
