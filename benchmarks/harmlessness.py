@@ -27,8 +27,12 @@ COMMON = ["--model", "builtin:tiny-chat", "--dataset", "builtin:toy-harm", "--re
           "--disable_tqdm", "true", "--add_version", "false"]
 
 
-def methods(steps: int, lr: str, q_lr: str, alpha: str) -> dict[str, list[str]]:
-    """Each method's flags; `steps` is RePULSe's step count (the others take twice as many)."""
+WITH_PROPOSAL = ("RePULSe", "neg_reinforce")  # they draw N samples from pθ and N from q per step
+
+
+def methods(steps: int, lr: str, q_lr: str, alpha: str, neg_alpha: str) -> dict[str, list[str]]:
+    """Each method's flags; `steps` is the step count of the methods with a proposal (the others take
+    twice as many)."""
     double = str(2 * steps)
     return {
         "RePULSe": ["--rlhf_type", "harmless", "--target_dist_beta", "-10", "--alpha", alpha,
@@ -40,6 +44,9 @@ def methods(steps: int, lr: str, q_lr: str, alpha: str) -> dict[str, list[str]]:
                              "--rew_trans_beta", "-1", "--learning_rate", lr, "--max_steps", double],
         "base as proposal": ["--rlhf_type", "harmless", "--use_base_as_proposal", "--target_dist_beta", "-10",
                              "--alpha", alpha, "--learning_rate", lr, "--max_steps", double],
+        "neg_reinforce": ["--rlhf_type", "harmless", "--harmlessness_training_loss_type", "neg_reinforce",
+                          "--target_dist_beta", "-10", "--alpha", neg_alpha, "--neg_baseline_type", "expectation",
+                          "--actor_learning_rate", q_lr, "--learning_rate", lr, "--max_steps", str(steps)],
         "PPO": ["--rlhf_type", "ppo", "--num_iterations", "1", "--critic_learning_rate", "3e-5",
                 "--learning_rate", lr, "--max_steps", double],
     }
@@ -64,6 +71,8 @@ def main() -> None:
     p.add_argument("--q_lr", default="1e-3")
     p.add_argument("--every", type=int, default=5, help="RePULSe's steps between exact evaluations")
     p.add_argument("--alpha", default="10", help="α of RePULSe and of the base-as-proposal ablation")
+    p.add_argument("--neg_alpha", default="-0.1",
+                   help="α of neg_reinforce (negative: its term raises the log-prob of high-return samples)")
     p.add_argument("--only", nargs="*", default=None, help="run these methods only")
     p.add_argument("--out", default="bench-harmless")
     a = p.parse_args()
@@ -73,12 +82,12 @@ def main() -> None:
     print(json.dumps({"start": start, "kernel": os.environ.get("MKL_CBWR", "default"), "config": vars(a)}), flush=True)
     results = os.path.join(a.out, "results.jsonl")
     for seed in a.seeds:
-        for name, flags in methods(a.steps, a.lr, a.q_lr, a.alpha).items():
+        for name, flags in methods(a.steps, a.lr, a.q_lr, a.alpha, a.neg_alpha).items():
             if a.only and name not in a.only:
                 continue
             out = os.path.join(a.out, f"{name.replace(' ', '_')}-{seed}")
             # a checkpoint every `every` steps of RePULSe (every 2·`every` of the others): the same samples
-            every = a.every * (1 if name == "RePULSe" else 2)
+            every = a.every * (1 if name in WITH_PROPOSAL else 2)
             argv = [sys.executable, "-m", "swift.cli.main", "rlhf", *COMMON, *flags, "--seed", str(seed),
                     "--num_generations", str(a.samples), "--per_device_train_batch_size", str(a.samples),
                     "--save_strategy", "steps", "--save_only_model", "true", "--save_steps", str(every),
@@ -88,7 +97,7 @@ def main() -> None:
             if proc.returncode:
                 raise SystemExit(f"{name} seed {seed} failed:\n{proc.stderr[-3000:]}")
             seconds = round(time.time() - t0, 1)
-            per_step = a.samples * (2 if name == "RePULSe" else 1)  # samples drawn per step
+            per_step = a.samples * (2 if name in WITH_PROPOSAL else 1)  # samples drawn per step
             trajectory = [{"samples": 0, **start}]
             for step in range(every, int(flags[flags.index("--max_steps") + 1]) + 1, every):
                 trajectory.append({"samples": step * per_step, **exact(os.path.join(out, f"checkpoint-{step}"))})

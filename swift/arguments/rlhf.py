@@ -161,12 +161,11 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
     def _check_harmless(self) -> None:
         """RePULSe's values and combinations (`swift.rlhf.harmless`): what the fork refuses or cannot
         mean, then the flags this configuration would not read."""
-        if self.harmlessness_training_loss_type == "neg_reinforce":
-            raise SwiftError("--harmlessness_training_loss_type neg_reinforce is not in this version (use neg_training)")
         if str(self.parameterization).startswith("modulation_"):
             raise SwiftError("--parameterization modulation_* is not in this version: the proposal must be a model "
                              "the inference engine samples from (policy_psi_q_p_s_t)")
-        choices = {"harmlessness_training_loss_type": ("neg_training", "reinforce"),
+        choices = {"harmlessness_training_loss_type": ("neg_training", "neg_reinforce", "reinforce"),
+                   "neg_baseline_type": (None, "none", "expectation", "hardcoded", "other_expectation"),
                    "rm_type": ("rlhf", "indicator_below_threshold"),
                    "reward_transform": (None, "minus_alpha_exp_beta_r", "minus_alpha_ind"),
                    "reinforce_baseline_type": ("expectation", "none"),
@@ -186,10 +185,17 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
             raise SwiftError(f"--actor_learning_rate must be >= 0, got {self.actor_learning_rate}")
         if self.evaluate_on_neg_data and not os.path.isfile(self.evaluate_on_neg_data):
             raise SwiftError(f"--evaluate_on_neg_data {self.evaluate_on_neg_data}: no such file")
-        negatives = self.harmlessness_training_loss_type == "neg_training"
+        loss_type = self.harmlessness_training_loss_type
+        negatives = loss_type != "reinforce"
         if negatives and self.target_dist_beta is None:
-            raise SwiftError("--harmlessness_training_loss_type neg_training needs --target_dist_beta (β < 0, e.g. "
+            raise SwiftError(f"--harmlessness_training_loss_type {loss_type} needs --target_dist_beta (β < 0, e.g. "
                              "-10; 1 with --rm_type indicator_below_threshold)")
+        if loss_type == "neg_reinforce":
+            self._check_neg_reinforce()
+        elif self.neg_baseline_type is not None or self.neg_hardcoded_baseline is not None:
+            name = "neg_baseline_type" if self.neg_baseline_type is not None else "neg_hardcoded_baseline"
+            raise SwiftError(f"--{name} does nothing with --harmlessness_training_loss_type {loss_type} (it is "
+                             "neg_reinforce's)")
         if self.rm_type == "indicator_below_threshold" and self.target_dist_beta not in (None, 1.0):
             raise SwiftError(f"--rm_type indicator_below_threshold takes --target_dist_beta 1 (the indicator is the "
                              f"target's weight), got {self.target_dist_beta}")
@@ -203,6 +209,19 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
         if not twist and self.parameterization != "policy":
             raise SwiftError("--actor_loss_type dpg trains the proposal as a policy: give --parameterization policy")
         self._refuse_harmless_unread(negatives)
+
+    def _check_neg_reinforce(self) -> None:
+        """neg_reinforce: the fork's term raises log pθ where the return log φ − KL is above its baseline,
+        which with β < 0 (or the indicator) is where the reward is low: only α < 0 pushes those down."""
+        if self.alpha >= 0:
+            raise SwiftError(f"--harmlessness_training_loss_type neg_reinforce with --alpha {self.alpha}: its term "
+                             "raises the log-prob of proposal samples whose return log φ − KL is above the baseline, "
+                             "the bad ones, so α ≥ 0 makes bad outputs likelier; give a negative --alpha (e.g. -0.5)")
+        if self.use_base_as_proposal:
+            raise SwiftError("--use_base_as_proposal with --harmlessness_training_loss_type neg_reinforce is not in "
+                             "this version (the fork reuses the policy's samples with another reward scale there)")
+        if (self.neg_baseline_type == "hardcoded") != (self.neg_hardcoded_baseline is not None):
+            raise SwiftError("--neg_baseline_type hardcoded and --neg_hardcoded_baseline go together")
 
     def _refuse_harmless_unread(self, negatives: bool) -> None:
         """Harmless flags this configuration does not read (no proposal, no negative term, no transform)."""
@@ -376,7 +395,7 @@ class RLHFArguments(SftArguments):
             engine = "deepspeed" if self.training_args.deepspeed_config else "fsdp"
             raise SwiftError(f"--rlhf_type harmless under --{engine} is not in this version yet (its proposal is "
                              "trained beside the policy on each rank); use DDP (NPROC_PER_NODE) or one process")
-        learns_q = r.harmlessness_training_loss_type == "neg_training" and not r.use_base_as_proposal
+        learns_q = r.harmlessness_training_loss_type != "reinforce" and not r.use_base_as_proposal
         if learns_q and r.proposal is None:
             r.proposal = "adapter" if self.tuner_type == "lora" else "copy"
         if r.proposal == "adapter" and self.tuner_type != "lora":

@@ -256,8 +256,9 @@ class HarmlessFlags:
         "help": "harmless: the fork's switch; the same as --rlhf_type harmless."})
     harmlessness_training_loss_type: str = field(default="neg_training", metadata={
         "help": "harmless: neg_training (RePULSe: the RL loss plus --alpha × the importance-weighted log-prob of the "
-                "proposal's samples) or reinforce (the RL loss alone: REINFORCE, with --reward_transform the reward "
-                "transform baseline)."})
+                "proposal's samples), neg_reinforce (the fork's REINFORCE term on the proposal's samples with "
+                "return log φ − KL; needs --alpha < 0 to push bad samples down) or reinforce (the RL loss alone: "
+                "REINFORCE, with --reward_transform the reward transform baseline)."})
     alpha: float = field(default=0.5, metadata={
         "help": "harmless: α, the weight of the negative term (also --rew_trans_alpha's default)."})
     target_dist_beta: float | None = field(default=None, metadata={
@@ -275,6 +276,12 @@ class HarmlessFlags:
         "help": "harmless: b of --reward_transform (--target_dist_beta)."})
     reinforce_baseline_type: str = field(default="expectation", metadata={
         "help": "harmless: expectation (the mean return of the prompt's other samples, RLOO) or none."})
+    neg_baseline_type: str | None = field(default=None, metadata={
+        "help": "harmless, neg_reinforce: the baseline of the proposal samples' returns: none (default), expectation "
+                "(leave-one-out mean over the prompt's samples), hardcoded (--neg_hardcoded_baseline) or "
+                "other_expectation (the mean return of the prompt's policy samples)."})
+    neg_hardcoded_baseline: float | None = field(default=None, metadata={
+        "help": "harmless, neg_reinforce: the constant baseline of --neg_baseline_type hardcoded."})
     actor_loss_type: str = field(default="ctl", metadata={
         "help": "harmless: the proposal's loss: ctl (contrastive twist learning), ctl_nosecondterm (its first "
                 "term), dpg (weighted log-likelihood of its samples; --parameterization policy)."})

@@ -18,6 +18,15 @@ with r' = r, r − a·e^{b r} or r − a·1[r < τ] (`--reward_transform`). With
 where φ ≤ 2e-16 (not renormalised). `--use_base_as_proposal`: s' are pθ's own samples (q_old =
 pθ_old, so w̄ = softmax(β r)). `reinforce`: L = L_RL.
 
+`neg_reinforce` (the fork's third loss) replaces L_neg by a REINFORCE term on q's samples whose
+return keeps its gradient:
+    R'_i = log φ(s'_i) − λ Σ_t [log pθ(s'_i,t) − log p0(s'_i,t)]          (pθ not detached)
+    L_neg = mean_{p,i} w̄_i · mean_t[−log pθ(s'_i,t)] · (R'_i − b'_i)
+with b' = 0, the leave-one-out mean of R' (`expectation`), a constant (`hardcoded`) or the mean of the
+prompt's pθ-sample returns (`other_expectation`), and w̄ as above without the indicator's zeroing.
+Descending it raises log pθ where R' is above the baseline, the bad samples when β < 0: it lowers
+them only with α < 0 (the arguments refuse α ≥ 0).
+
 q's loss (`--actor_loss_type ctl`), per token log ψ_t = log q(s'_t) − log pθ(s'_t) (pθ detached;
 `policy_psi_q_p_s_1_to_t`: summed over t' ≤ t):
     w^σ_i = softmax_i(Σ_t log pθ + log φ − Σ_t log q_old)
@@ -97,19 +106,47 @@ def sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
+def neg_reinforce_rows(logps: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, phi: torch.Tensor, n: int,
+                       ref_logps: torch.Tensor | None = None, kl_coef: float = 0.0, baseline: str | None = None,
+                       hardcoded: float | None = None, other: torch.Tensor | None = None) -> torch.Tensor:
+    """Per negative: w̄ · mean_t[−log pθ] · (R' − b'), R' = log φ − λ Σ_t (log pθ − log p0) with the
+    gradient through log pθ (the fork's `neg_reinforce`); unscored rows (NaN φ) give 0."""
+    mask = mask.to(logps.dtype)
+    scored = ~phi.isnan()
+    returns = phi.nan_to_num(0.0).to(logps.dtype)
+    if kl_coef:
+        returns = returns - kl_coef * ((logps - ref_logps) * mask).sum(-1)
+    returns = returns * scored
+    if baseline == "expectation":  # leave-one-out over the prompt's other scored samples, with its gradient
+        grouped, count = returns.view(-1, n), scored.view(-1, n).sum(1, keepdim=True)
+        base = ((grouped.sum(1, keepdim=True) - grouped) / (count - 1).clamp(min=1)).reshape(-1)
+    elif baseline == "hardcoded":
+        base = torch.full_like(returns, hardcoded)
+    elif baseline == "other_expectation":
+        base = other.to(returns)
+    else:
+        base = torch.zeros_like(returns)
+    return weights.to(logps.dtype) * sequence_mean(-logps, mask) * (returns - base) * scored
+
+
 def policy_terms(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor,
                  neg_weights: torch.Tensor | None = None, alpha: float = 0.0,
-                 separate_negatives: bool = True) -> tuple[Terms, dict[str, torch.Tensor]]:
+                 separate_negatives: bool = True, reinforce: dict | None = None) -> tuple[Terms, dict[str, torch.Tensor]]:
     """pθ's loss on a micro-batch: rows [pθ's B samples | the B negatives] (`separate_negatives`), or
-    the B samples that are also the negatives (`--use_base_as_proposal`), or no negatives. Returns
-    the terms (a sum over the micro-batch's B samples, divided by the step's P·N) and the parts."""
+    the B samples that are also the negatives (`--use_base_as_proposal`), or no negatives. With
+    `reinforce` (the keyword arguments of `neg_reinforce_rows` but the log-probs, mask and weights)
+    the negative term is `neg_reinforce`'s. Returns the terms (a sum over the micro-batch's B samples,
+    divided by the step's P·N) and the parts."""
     b = advantages.numel()
     rl = advantages * sequence_mean(-logps[:b], mask[:b])
     parts = {"rl": rl.detach()}
     if neg_weights is None:
         return {"rows": rl.sum()}, parts
     neg_rows = slice(b, 2 * b) if separate_negatives else slice(0, b)
-    neg = neg_weights * sequence_mean(logps[neg_rows], mask[neg_rows])
+    if reinforce is not None:
+        neg = neg_reinforce_rows(logps[neg_rows], mask[neg_rows], neg_weights, **reinforce)
+    else:
+        neg = neg_weights * sequence_mean(logps[neg_rows], mask[neg_rows])
     parts["neg"] = neg.detach()
     total = rl.sum() + alpha * neg.sum()
     return ({"pairs": total} if separate_negatives else {"rows": total}), parts
@@ -142,7 +179,7 @@ HARMLESS_FLAGS = frozenset({
     "threshold", "reward_transform", "rew_trans_alpha", "rew_trans_beta", "reinforce_baseline_type",
     "actor_loss_type", "parameterization", "num_episodes", "actor_learning_rate", "proposal",
     "use_base_as_proposal", "sampling_target_updated_base", "separate_reweighting_beta", "uniform_reweight",
-    "save_negdata", "save_negdata_threshold", "evaluate_on_neg_data"})
+    "save_negdata", "save_negdata_threshold", "evaluate_on_neg_data", "neg_baseline_type", "neg_hardcoded_baseline"})
 
 ALGORITHMS.register("harmless", Algorithm(
     trainer="rollout", data="prompt", loss=policy_terms, reference=True, proposal=True,

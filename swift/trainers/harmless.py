@@ -250,9 +250,13 @@ class HarmlessRollout(Rollout):
         shaped = transform_rewards(rewards, a.reward_transform,
                                    a.alpha if a.rew_trans_alpha is None else a.rew_trans_alpha,
                                    a.target_dist_beta if a.rew_trans_beta is None else a.rew_trans_beta, a.threshold)
-        _, advantages = returns_and_advantages(shaped, kl_sums, a.beta, n, a.reinforce_baseline_type)
-        negatives = a.harmlessness_training_loss_type == "neg_training"
-        indicator = a.rm_type == "indicator_below_threshold"
+        returns, advantages = returns_and_advantages(shaped, kl_sums, a.beta, n, a.reinforce_baseline_type)
+        negatives = a.harmlessness_training_loss_type != "reinforce"
+        reinforce = a.harmlessness_training_loss_type == "neg_reinforce"
+        # the fork's neg_reinforce leaves the indicator's weights as the softmax gives them
+        indicator = a.rm_type == "indicator_below_threshold" and not reinforce
+        if reinforce:  # other_expectation: the mean return of the prompt's policy samples, per negative
+            means = returns.view(-1, n).nanmean(1).nan_to_num(0.0).repeat_interleave(n)
         for i, batch in enumerate(micro):
             batch["advantages"] = advantages[i * rows:(i + 1) * rows]
             if not negatives:
@@ -276,6 +280,9 @@ class HarmlessRollout(Rollout):
             batch["neg_weights"] = negative_weights(policy_sums, weighting, proposal_sums, n,
                                                     indicator_phi=target if indicator else None,
                                                     uniform=a.uniform_reweight)
+            if reinforce:
+                batch["neg_phi"] = target
+                batch["neg_other_returns"] = means[i * rows:(i + 1) * rows]
         self._log_harmless(rewards)
         return advantages
 
@@ -338,7 +345,7 @@ class HarmlessTrainer(GRPOTrainer):
         self.negdata = NegData(os.path.join(self.args.output_dir, NEGDATA) if a.save_negdata else None,
                                a.save_negdata_threshold, write=self.args.process_index == 0)
         self.proposal = None
-        if a.harmlessness_training_loss_type == "neg_training" and not a.use_base_as_proposal:
+        if a.harmlessness_training_loss_type != "reinforce" and not a.use_base_as_proposal:
             self.proposal = Proposal(self, proposal_model, engine_factory)
 
     # -- the proposal's step -----------------------------------------------------------------------
@@ -430,8 +437,14 @@ class HarmlessTrainer(GRPOTrainer):
     def loss_and_metrics(self, model, inputs):
         a = self.rlhf_args
         logps = self._token_logps(model, inputs)[0]
+        reinforce = None
+        if "neg_phi" in inputs:  # neg_reinforce: the negatives' return keeps log pθ's gradient through its KL
+            b = inputs["advantages"].numel()
+            reinforce = {"phi": inputs["neg_phi"], "n": self.num_generations, "kl_coef": a.beta,
+                         "ref_logps": inputs["ref_logps"][b:] if a.beta else None, "baseline": a.neg_baseline_type,
+                         "hardcoded": a.neg_hardcoded_baseline, "other": inputs["neg_other_returns"]}
         terms, parts = policy_terms(logps, inputs["loss_mask"], inputs["advantages"], inputs.get("neg_weights"),
-                                    a.alpha, separate_negatives=self.proposal is not None)
+                                    a.alpha, separate_negatives=self.proposal is not None, reinforce=reinforce)
         kind = next(iter(terms))
         metrics = {"loss/rl": logged({kind: parts["rl"].sum()}, inputs)}
         if "neg" in parts:

@@ -124,3 +124,11 @@ def test_harmless_does_not_depend_on_gradient_accumulation(tmp_path, reward):
     # proposal's step sums its chunks over the same rows
     assert_same(tmp_path, "harmless", 8, 2, *reward, "--num_generations", "4", "--max_completion_length", "4",
                 "--temperature", "1.0", "--target_dist_beta", "-2", "--alpha", "0.5")
+
+
+def test_neg_reinforce_does_not_depend_on_gradient_accumulation(tmp_path):
+    # the fork's neg_reinforce: the negatives' return keeps log pθ's gradient through its KL and the
+    # leave-one-out baseline compares the rows of one prompt (whole prompt groups per micro-batch)
+    assert_same(tmp_path, "harmless", 8, 2, *UNSCORED, "--num_generations", "4", "--max_completion_length", "4",
+                "--temperature", "1.0", "--target_dist_beta", "-2", "--alpha", "-0.5", "--beta", "0.1",
+                "--harmlessness_training_loss_type", "neg_reinforce", "--neg_baseline_type", "expectation")

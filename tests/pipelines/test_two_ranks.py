@@ -5,6 +5,7 @@ two plain-SGD steps: logged losses (4 significant digits) and weights (atol 1e-5
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -108,3 +109,32 @@ def test_harmless_on_two_ranks_equals_one_rank(tmp_path, quickstart):
                                                                                                "negdata.jsonl"))}
              for run in ("one", "two")]
     assert saved[0] and saved[0] == saved[1]
+
+
+def test_harmless_proposal_step_on_two_ranks_equals_one_rank(tmp_path):
+    """The proposal's gradients are summed over ranks and divided by every rank's rows: one step of q
+    on the same sampled negatives (tests/pipelines/proposal_ranks.py), split over 2 gloo ranks, moves
+    q's weights as one rank with all of them does, and both ranks end equal."""
+    from tests.deploy.serving import free_port
+
+    script = os.path.join(os.path.dirname(__file__), "proposal_ranks.py")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    runs = {"one": [sys.executable, script],
+            "two": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                    str(free_port()), script]}
+    for name, argv in runs.items():
+        proc = subprocess.run([*argv, str(tmp_path / name)], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+    one = json.load(open(tmp_path / "one" / "proposal_step-rank0.json"))
+    two = [json.load(open(tmp_path / "two" / f"proposal_step-rank{rank}.json")) for rank in (0, 1)]
+    assert two[0]["rewards"] + two[1]["rewards"] == one["rewards"]  # the same samples in both layouts
+    assert len(set(one["rewards"])) > 1  # the samples differ: the proposal's loss is not 0
+    for part in two:  # the logged loss is the global mean on every rank
+        assert abs(one["loss/proposal"]) > 1e-4
+        assert part["loss/proposal"] == pytest.approx(one["loss/proposal"], rel=1e-4)
+    w1 = load_file(tmp_path / "one" / "proposal-rank0.safetensors")
+    for rank in (0, 1):
+        w2 = load_file(tmp_path / "two" / f"proposal-rank{rank}.safetensors")
+        for name in w1:
+            torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=f"rank {rank}: {name}")

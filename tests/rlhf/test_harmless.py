@@ -195,13 +195,89 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
     assert abs(ctl) > 1e-4
 
 
+def row_logps_with_grad(model, prompt, completion):
+    logits = model(input_ids=torch.tensor([prompt + completion])).logits[0]
+    logp = logits[len(prompt) - 1:len(prompt) + len(completion) - 1].log_softmax(-1)
+    return logp[torch.arange(len(completion)), torch.tensor(completion)]
+
+
+@pytest.mark.parametrize("baseline", ["expectation", "other_expectation"])
+def test_neg_reinforce_loss_and_gradient_equal_the_formula(tmp_path, baseline):
+    """The fork's neg_reinforce through the trainer's rollout and compute_loss: the loss and every
+    gradient of pθ against the formula written out by hand with autograd (unpadded per-row forwards),
+    whose return R' = log φ − λ Σ (log pθ − log p0) keeps log pθ's gradient; with R' detached the
+    gradients differ, so the test sees that gradient."""
+    alpha, kl_coef, beta = -0.7, 0.3, -2.0
+    trainer = build(tmp_path, "--tuner_type", "full", "--alpha", str(alpha), "--beta", str(kl_coef),
+                    "--actor_learning_rate", "0", "--target_dist_beta", str(beta),
+                    "--harmlessness_training_loss_type", "neg_reinforce", "--neg_baseline_type", baseline)
+    model, q, ref = trainer.model, trainer.proposal, trainer.ref_model
+    perturb(model, 1)
+    perturb(q.module, 2)
+    recorded = []
+    step = trainer.proposal_step
+    trainer.proposal_step = lambda neg: (recorded.append(neg), step(neg))[1]
+    batch = trainer.rollout([trainer.train_dataset[i] for i in range(2)], 0, trainer._queue, trainer.cycle, False)
+    trainer._set_step_counts(batch.micro)
+    model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(model, trainer._prepare_inputs(dict(batch.micro[0])))
+    loss.backward()
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    got = {n: p.grad.detach().clone() for n, p in params}
+    model.zero_grad(set_to_none=True)
+
+    own = [(t.prompt_ids, t.completion_ids) for t in batch.trajectories]
+    negatives = [(t.prompt_ids, t.completion_ids) for t in recorded[0].trajectories]
+
+    def hand(detach_return):
+        rl, neg = 0.0, 0.0
+        for g in range(2):
+            returns = []
+            for p, c in own[g * N:(g + 1) * N]:
+                lp, l0 = row_logps(model, p, c), row_logps(ref, p, c)
+                returns.append(reward(c) - kl_coef * sum(a - b for a, b in zip(lp, l0)))
+            for i, (p, c) in enumerate(own[g * N:(g + 1) * N]):
+                rl = rl + (returns[i] - (sum(returns) - returns[i]) / (N - 1)) * -row_logps_with_grad(model, p, c).mean()
+            rows = negatives[g * N:(g + 1) * N]
+            weights = softmax([sum(row_logps(model, p, c)) + beta * reward(c) - sum(row_logps(q.module, p, c))
+                               for p, c in rows])
+            lps = [row_logps_with_grad(model, p, c) for p, c in rows]
+            r_neg = [beta * reward(c) - kl_coef * (lp - torch.tensor(row_logps(ref, p, c))).sum()
+                     for lp, (p, c) in zip(lps, rows)]
+            if detach_return:
+                r_neg = [r.detach() for r in r_neg]
+            for i, lp in enumerate(lps):
+                if baseline == "expectation":
+                    b = (sum(r_neg) - r_neg[i]) / (N - 1)
+                else:
+                    b = sum(returns) / N
+                neg = neg + weights[i] * -lp.mean() * (r_neg[i] - b)
+        return (rl + alpha * neg) / (2 * N)
+
+    expected = hand(detach_return=False)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-6)
+    expected.backward()
+    want = {n: p.grad.detach().clone() for n, p in params}
+    model.zero_grad(set_to_none=True)
+    for n, _ in params:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-3, atol=1e-6, msg=n)
+    hand(detach_return=True).backward()
+    detached = {n: p.grad.detach().clone() for n, p in params}
+    assert max((detached[n] - want[n]).abs().max().item() for n, _ in params) > 1e-4
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--target_dist_beta", "-1", "--parameterization", "policy"], "learns a twist"),
     (["--target_dist_beta", "-1", "--actor_loss_type", "dpg"], "--parameterization policy"),
     (["--target_dist_beta", "-10", "--rm_type", "indicator_below_threshold"], "--target_dist_beta 1"),
     (["--target_dist_beta", "-1", "--num_generations", "1", "--per_device_train_batch_size", "4"], "at least 2"),
     ([], "needs --target_dist_beta"),
-    (["--target_dist_beta", "-1", "--harmlessness_training_loss_type", "neg_reinforce"], "not in this version"),
+    (["--target_dist_beta", "-1", "--harmlessness_training_loss_type", "neg_reinforce"], "give a negative --alpha"),
+    (["--target_dist_beta", "-1", "--harmlessness_training_loss_type", "neg_reinforce", "--alpha", "-1",
+      "--use_base_as_proposal"], "not in this version"),
+    (["--target_dist_beta", "-1", "--harmlessness_training_loss_type", "neg_reinforce", "--alpha", "-1",
+      "--neg_baseline_type", "hardcoded"], "go together"),
+    (["--target_dist_beta", "-1", "--neg_baseline_type", "expectation"], "it is neg_reinforce's"),
     (["--target_dist_beta", "-1", "--parameterization", "modulation_model"], "not in this version"),
     (["--harmlessness_training_loss_type", "reinforce", "--num_episodes", "3"], "no proposal is trained"),
     (["--target_dist_beta", "-1", "--use_base_as_proposal", "--actor_learning_rate", "1e-4"], "no proposal"),
