@@ -266,6 +266,29 @@ def test_neg_reinforce_loss_and_gradient_equal_the_formula(tmp_path, baseline):
     assert max((detached[n] - want[n]).abs().max().item() for n, _ in params) > 1e-4
 
 
+def test_neg_reinforce_lowers_bad_samples_only_with_a_negative_alpha():
+    """Why α ≥ 0 is refused: a gradient step on `neg_reinforce_rows` (the policy a categorical over 3
+    one-token answers, the proposal's 4 samples two of them bad) raises the bad answer's log-prob for
+    α > 0 and lowers it for α < 0, with β < 0 and with the indicator target."""
+    from swift.rlhf.harmless import log_phi, negative_weights, neg_reinforce_rows
+
+    rewards = torch.tensor([1.0, -10.0, 1.0, -10.0])  # answers 0, 2 (bad), 1, 2
+    answers = torch.tensor([0, 2, 1, 2])
+    for rm_type, beta in (("rlhf", -2.0), ("indicator_below_threshold", 1.0)):
+        phi = log_phi(rewards, beta, rm_type, threshold=0.0)
+        for alpha in (0.5, -0.5):
+            logits = torch.zeros(3, requires_grad=True)
+            logps = logits.log_softmax(-1)[answers][:, None]  # [4 samples, 1 token]
+            q = torch.full((4,), math.log(1 / 3))
+            weights = negative_weights(logps.detach().sum(-1), phi, q, 4)
+            loss = alpha * neg_reinforce_rows(logps, torch.ones(4, 1), weights, phi, 4,
+                                              baseline="expectation").sum()
+            loss.backward()
+            with torch.no_grad():
+                after = (logits - 0.1 * logits.grad).log_softmax(-1)[2].item()
+            assert (after > math.log(1 / 3)) == (alpha > 0), (rm_type, alpha)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--target_dist_beta", "-1", "--parameterization", "policy"], "learns a twist"),
     (["--target_dist_beta", "-1", "--actor_loss_type", "dpg"], "--parameterization policy"),
