@@ -161,16 +161,17 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
     def _check_harmless(self) -> None:
         """RePULSe's values and combinations (`swift.rlhf.harmless`): what the fork refuses or cannot
         mean, then the flags this configuration would not read."""
-        if str(self.parameterization).startswith("modulation_"):
-            raise SwiftError("--parameterization modulation_* is not in this version: the proposal must be a model "
-                             "the inference engine samples from (policy_psi_q_p_s_t)")
+        if self.parameterization == "modulation_model":
+            raise SwiftError("--parameterization modulation_model is not in this version (a second model's logits as "
+                             "the modulation); use modulation_linear_head or modulation_nn_head")
         choices = {"harmlessness_training_loss_type": ("neg_training", "neg_reinforce", "reinforce"),
                    "neg_baseline_type": (None, "none", "expectation", "hardcoded", "other_expectation"),
                    "rm_type": ("rlhf", "indicator_below_threshold"),
                    "reward_transform": (None, "minus_alpha_exp_beta_r", "minus_alpha_ind"),
                    "reinforce_baseline_type": ("expectation", "none"),
                    "actor_loss_type": ("ctl", "ctl_nosecondterm", "dpg"),
-                   "parameterization": ("policy_psi_q_p_s_t", "policy_psi_q_p_s_1_to_t", "policy"),
+                   "parameterization": ("policy_psi_q_p_s_t", "policy_psi_q_p_s_1_to_t", "policy",
+                                        "modulation_linear_head", "modulation_nn_head"),
                    "proposal": (None, "copy", "adapter")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -208,7 +209,26 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
                              "policy_psi_q_p_s_t or policy_psi_q_p_s_1_to_t (policy goes with dpg)")
         if not twist and self.parameterization != "policy":
             raise SwiftError("--actor_loss_type dpg trains the proposal as a policy: give --parameterization policy")
+        self._check_modulation()
         self._refuse_harmless_unread(negatives)
+
+    def _check_modulation(self) -> None:
+        modulated = self.parameterization.startswith("modulation_")
+        if modulated and self.actor_loss_type != "ctl":
+            raise SwiftError(f"--parameterization {self.parameterization} takes --actor_loss_type ctl (as the fork: "
+                             "its twist is the head's output)")
+        if modulated and self.proposal is not None:
+            raise SwiftError(f"--proposal {self.proposal} does nothing with --parameterization {self.parameterization}: "
+                             "the proposal is a head on the policy's last hidden state")
+        linear = self.parameterization == "modulation_linear_head"
+        if self.init_head_from_base and not linear:
+            raise SwiftError("--init_head_from_base starts a linear modulation head from the policy's output layer: "
+                             "give --parameterization modulation_linear_head")
+        if self.additional_sd_divider != 1.0 and not linear:
+            raise SwiftError("--additional_sd_divider scales a linear modulation head's start: give --parameterization "
+                             "modulation_linear_head")
+        if self.additional_sd_divider <= 0:
+            raise SwiftError(f"--additional_sd_divider must be > 0, got {self.additional_sd_divider}")
 
     def _check_neg_reinforce(self) -> None:
         """neg_reinforce: the fork's term raises log pθ where the return log φ − KL is above its baseline,
@@ -396,7 +416,7 @@ class RLHFArguments(SftArguments):
             raise SwiftError(f"--rlhf_type harmless under --{engine} is not in this version yet (its proposal is "
                              "trained beside the policy on each rank); use DDP (NPROC_PER_NODE) or one process")
         learns_q = r.harmlessness_training_loss_type != "reinforce" and not r.use_base_as_proposal
-        if learns_q and r.proposal is None:
+        if learns_q and r.proposal is None and not r.parameterization.startswith("modulation_"):
             r.proposal = "adapter" if self.tuner_type == "lora" else "copy"
         if r.proposal == "adapter" and self.tuner_type != "lora":
             raise SwiftError(f"--proposal adapter is a second LoRA adapter beside the policy's: it needs --tuner_type "

@@ -33,6 +33,9 @@ q's loss (`--actor_loss_type ctl`), per token log ψ_t = log q(s'_t) − log pθ
     w^π_i,t = softmax_i(Σ_{t'≤t} log pθ + log ψ_t − Σ_{t'≤t} log q_old)       (both detached)
     L_CTL = −mean_{p,i} mean_t[(w^σ_i − w^π_i,t) · log ψ_t]
 `ctl_nosecondterm` drops w^π; `dpg` (`--parameterization policy`): −mean_{p,i} w^σ_i · mean_t[log q].
+The modulation parameterisations (`modulation_linear_head`, `modulation_nn_head`) define q by a head
+m on pθ's last hidden state: log q = log_softmax(log_softmax(pθ's logits) + m) with pθ detached, and
+their twist is the head's own output at the sampled token, log ψ_t = m_t(s_t).
 
 Every function here takes the rows of whole prompt groups and returns sums over its rows (the
 trainer divides by the P·N rows of the step: `swift.rlhf.reduce`)."""
@@ -152,18 +155,23 @@ def policy_terms(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tens
     return ({"pairs": total} if separate_negatives else {"rows": total}), parts
 
 
+MODULATION = ("modulation_linear_head", "modulation_nn_head")
+
+
 def proposal_terms(q_logps: torch.Tensor, policy_logps: torch.Tensor, old_q_logps: torch.Tensor,
                    phi: torch.Tensor, mask: torch.Tensor, n: int, loss_type: str = "ctl",
-                   parameterization: str = "policy_psi_q_p_s_t") -> Terms:
+                   parameterization: str = "policy_psi_q_p_s_t", twists: torch.Tensor | None = None) -> Terms:
     """q's loss on the negatives of whole prompt groups: the sum over rows of CTL (or DPG), for a
-    mean over the step's P·N rows. `q_logps` carries q's gradient; the others are constants."""
+    mean over the step's P·N rows. `q_logps` carries q's gradient; the others are constants. The
+    modulation parameterisations give their twists (log ψ_t = m_t at the sampled token, with its
+    gradient) in `twists`."""
     mask = mask.to(q_logps.dtype)
     policy, old = (policy_logps * mask).detach(), (old_q_logps * mask).detach()
     scored = ~phi.isnan()
     w_sigma = group_softmax(policy.sum(-1) + phi - old.sum(-1), n).detach()
     if loss_type == "dpg":
         return {"rows": -(w_sigma * sequence_mean(q_logps, mask)).sum()}
-    log_psi = (q_logps - policy) * mask
+    log_psi = (q_logps - policy) * mask if twists is None else twists * mask
     if parameterization == "policy_psi_q_p_s_1_to_t":
         log_psi = log_psi.cumsum(-1)
     if loss_type == "ctl_nosecondterm":
@@ -179,7 +187,8 @@ HARMLESS_FLAGS = frozenset({
     "threshold", "reward_transform", "rew_trans_alpha", "rew_trans_beta", "reinforce_baseline_type",
     "actor_loss_type", "parameterization", "num_episodes", "actor_learning_rate", "proposal",
     "use_base_as_proposal", "sampling_target_updated_base", "separate_reweighting_beta", "uniform_reweight",
-    "save_negdata", "save_negdata_threshold", "evaluate_on_neg_data", "neg_baseline_type", "neg_hardcoded_baseline"})
+    "save_negdata", "save_negdata_threshold", "evaluate_on_neg_data", "neg_baseline_type", "neg_hardcoded_baseline",
+    "additional_sd_divider", "init_head_from_base"})
 
 ALGORITHMS.register("harmless", Algorithm(
     trainer="rollout", data="prompt", loss=policy_terms, reference=True, proposal=True,

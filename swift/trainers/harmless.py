@@ -25,8 +25,8 @@ import shutil
 import torch
 import torch.distributed as dist
 
-from swift.rlhf.harmless import (log_phi, negative_weights, policy_terms, proposal_terms, returns_and_advantages,
-                                 transform_rewards)
+from swift.rlhf.harmless import (MODULATION, log_phi, negative_weights, policy_terms, proposal_terms,
+                                 returns_and_advantages, transform_rewards)
 from swift.rlhf.reduce import logged
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
@@ -39,6 +39,7 @@ from swift.utils.registry import SwiftError
 PROPOSAL_ADAPTER = "proposal"
 PROPOSAL_DIR = "proposal"  # the trained proposal at the end of training
 PROPOSAL_STATE = "proposal.safetensors"  # its trained tensors, in every checkpoint
+MODULATION_HEAD = "modulation_head.safetensors"  # a modulation head, under PROPOSAL_DIR at the end
 NEGDATA = "negdata.jsonl"
 
 
@@ -74,6 +75,66 @@ def active_adapter(model, name: str | None):
             p.requires_grad_(flag)
 
 
+class Modulated(torch.nn.Module):
+    """q of the modulation parameterisations: logits log_softmax(pθ's logits) + m, m = `head` on pθ's
+    last hidden state; pθ runs without gradient (its KV cache serves the engine as for pθ itself)
+    and is not a submodule, so q's parameters are the head's alone."""
+
+    def __init__(self, policy, head: torch.nn.Module):
+        super().__init__()
+        self._policy = (policy,)
+        self.head = head
+        self.config = policy.config
+        self.generation_config = getattr(policy, "generation_config", None)
+
+    @property
+    def policy(self):
+        return self._policy[0]
+
+    def get_input_embeddings(self):
+        return self.policy.get_input_embeddings()
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                logits_to_keep: int = 0, **_):
+        with torch.no_grad():
+            out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep,
+                              output_hidden_states=True)
+        hidden = out.hidden_states[-1]
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        weight = next(self.head.parameters())
+        modulation = self.head(hidden.detach().to(weight.dtype)).float()
+        return ModulatedOutput(logits=out.logits.float().log_softmax(-1) + modulation, modulation=modulation)
+
+
+@dataclasses.dataclass
+class ModulatedOutput:
+    logits: torch.Tensor
+    modulation: torch.Tensor
+
+
+def modulation_head(kind: str, policy, divider: float, from_base: bool) -> torch.nn.Module:
+    """The fork's heads: a linear layer H → V (Xavier-normal weights / `divider`, zero bias; or the
+    policy's output layer / `divider` with `from_base`), or an MLP H → H → H → V with ReLUs (PyTorch's
+    default initialisation). Float32, on the policy's device."""
+    hidden = policy.config.get_text_config().hidden_size
+    vocab = policy.get_input_embeddings().num_embeddings
+    device = policy.get_input_embeddings().weight.device
+    if kind == "modulation_nn_head":
+        return torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                                   torch.nn.ReLU(), torch.nn.Linear(hidden, vocab)).to(device)
+    head = torch.nn.Linear(hidden, vocab).to(device)
+    with torch.no_grad():
+        if from_base:
+            head.weight.copy_(policy.get_output_embeddings().weight.float() / divider)
+        else:
+            torch.nn.init.xavier_normal_(head.weight)
+            head.weight.div_(divider)
+        head.bias.zero_()
+    return head
+
+
 @dataclasses.dataclass
 class Negatives:
     """q's samples for a generation batch: trajectories (prompt-major), raw rewards, log φ, and the
@@ -92,7 +153,20 @@ class Proposal:
     def __init__(self, trainer, module, engine_factory):
         t, a = trainer, trainer.rlhf_args
         policy = t.accelerator.unwrap_model(t.model)
-        if module is None:  # a second adapter on the policy, starting from the policy's adapter weights
+        self.modulated = a.parameterization in MODULATION
+        self._parameterization = a.parameterization
+        if self.modulated:  # a head on the policy's last hidden state
+            from swift.infer.transformers_engine import TransformersEngine
+
+            self.adapter = None
+            head = modulation_head(a.parameterization, policy, a.additional_sd_divider, a.init_head_from_base)
+            self.module = Modulated(policy, head)
+            self.named = [(f"head.{n}", p) for n, p in head.named_parameters()]
+            # the policy's own adapter stays active (the engine sees no adapters: it never switches them)
+            own = t.rollout.engine
+            self.engine = TransformersEngine(self.module, own.tokenizer, own.template, fast_decode=False, inline=True,
+                                             max_batch_size=max(t.args.per_device_train_batch_size, 8))
+        elif module is None:  # a second adapter on the policy, starting from the policy's adapter weights
             self.adapter = PROPOSAL_ADAPTER
             own = policy.active_adapter
             flags = {p: p.requires_grad for p in policy.parameters()}
@@ -131,19 +205,41 @@ class Proposal:
         return active_adapter(self.module, self.adapter)
 
     def logps(self, trainer, batch: dict) -> torch.Tensor:
+        if self.modulated:
+            return self.logps_and_twists(trainer, batch)[0]
         with self.active():
             return token_logps(self.module, batch, trainer.rlhf_args.temperature, False,
                                trainer._prompt_group(trainer.model))[0]
 
+    def logps_and_twists(self, trainer, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The modulated q's log-probs of the completion tokens (at the sampling temperature) and its
+        twists m_t(s_t), both [B, Lc] with the head's gradient."""
+        completion = batch["completion_ids"]
+        ids = torch.cat([batch["prompt_ids"], completion], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.module(input_ids=ids, attention_mask=mask, position_ids=positions,
+                          logits_to_keep=completion.size(1) + 1)
+        logits, modulation = out.logits[:, :-1], out.modulation[:, :-1]
+        temperature = trainer.rlhf_args.temperature or 1.0
+        index = completion[..., None]
+        logps = (logits / temperature).log_softmax(-1).gather(-1, index)[..., 0]
+        return logps, modulation.gather(-1, index)[..., 0]
+
     def generate(self, rollout_: "HarmlessRollout", prompts: list[dict], n: int) -> list[Trajectory]:
         requests = [RolloutInferRequest(messages=list(p["messages"]), data_dict=p["columns"]) for p in prompts]
-        with eval_mode(self.module):
+        modules = (self.module, self.module.policy) if self.modulated else (self.module,)
+        with eval_mode(*modules):
             return rollout(self.engine, rollout_.trainer.template, requests, rollout_.request_config(), n,
                            scheduler=rollout_.scheduler, max_completion_length=rollout_.a.max_completion_length)
 
     def close(self) -> None:
         if self.adapter is None:
             self.engine.close()
+
+    @property
+    def parameterization(self) -> str:
+        return self._parameterization
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
@@ -165,8 +261,18 @@ class Proposal:
                 mine[name].copy_(tensor)
 
     def save_final(self, output_dir: str, tokenizer) -> None:
-        """The copy under `proposal/` (a LoRA proposal adapter is saved there by PEFT with the policy)."""
-        if self.adapter is None:
+        """The copy under `proposal/` (a LoRA proposal adapter is saved there by PEFT with the policy; a
+        modulation head as `proposal/modulation_head.safetensors`)."""
+        if self.modulated:
+            from safetensors.torch import save_file
+
+            os.makedirs(os.path.join(output_dir, PROPOSAL_DIR), exist_ok=True)
+            save_file({n: p.detach().contiguous() for n, p in self.module.head.named_parameters()},
+                      os.path.join(output_dir, PROPOSAL_DIR, MODULATION_HEAD))
+            with open(os.path.join(output_dir, PROPOSAL_DIR, "modulation.json"), "w") as f:
+                json.dump({"parameterization": self.parameterization,
+                           "logits": "log_softmax(log_softmax(policy logits) + head(policy last hidden state))"}, f)
+        elif self.adapter is None:
             self.module.save_pretrained(os.path.join(output_dir, PROPOSAL_DIR))
             tokenizer.save_pretrained(os.path.join(output_dir, PROPOSAL_DIR))
 
@@ -364,9 +470,10 @@ class HarmlessTrainer(GRPOTrainer):
             with q.active():
                 for chunk, policy_logps in zip(neg.chunks, policy):
                     batch = self._prepare_inputs(dict(chunk))
-                    terms = proposal_terms(q.logps(self, batch), policy_logps, batch["proposal_logps"], batch["phi"],
+                    q_logps, twists = q.logps_and_twists(self, batch) if q.modulated else (q.logps(self, batch), None)
+                    terms = proposal_terms(q_logps, policy_logps, batch["proposal_logps"], batch["phi"],
                                            batch["loss_mask"], self.num_generations, a.actor_loss_type,
-                                           a.parameterization)
+                                           a.parameterization, twists=twists)
                     loss = terms["rows"] / rows
                     loss.backward()
                     total += loss.detach().double().cpu()

@@ -90,7 +90,18 @@ CASES = {
     "lora_adapter_proposal": ["--target_dist_beta", "-2", "--tuner_type", "lora"],
     "indicator": ["--target_dist_beta", "1", "--rm_type", "indicator_below_threshold", "--threshold", "1.5"],
     "base_as_proposal": ["--target_dist_beta", "-2", "--use_base_as_proposal"],
+    "modulation_linear_head": ["--target_dist_beta", "-2", "--parameterization", "modulation_linear_head"],
+    "modulation_nn_head_lora": ["--target_dist_beta", "-2", "--parameterization", "modulation_nn_head", "--tuner_type",
+                                "lora"],
 }
+
+
+def row_modulation(q_module, prompt, completion):
+    """A modulated proposal's twists m_t(s_t) for one row (one unpadded forward)."""
+    with torch.no_grad():
+        m = q_module(input_ids=torch.tensor([prompt + completion])).modulation[0].double()
+    m = m[len(prompt) - 1:len(prompt) + len(completion) - 1]
+    return [m[t, c].item() for t, c in enumerate(completion)]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -100,6 +111,9 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
     tuner = [] if "--tuner_type" in CASES[case] else ["--tuner_type", "full"]
     trainer = build(tmp_path, *tuner, "--alpha", str(alpha), "--beta", str(kl_coef), *frozen_q, *CASES[case])
     model, q = trainer.model, trainer.proposal
+    modulated = case.startswith("modulation")
+    if modulated:  # q's logits log_softmax(pθ's) + head(pθ's last hidden state): the head alone is q's
+        assert not {id(p) for p in q.module.parameters()} & {id(p) for p in model.parameters()}
     if case == "lora_adapter_proposal":
         # pθ = base + its adapter, p0 = the base (adapters off), q = base + the proposal adapter; each
         # adapter moved apart from the start (LoRA's B starts at 0)
@@ -109,6 +123,10 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
         policy = Adapter(model, "default")
         ref = Adapter(model, None)
         q_model = Adapter(model, "proposal")
+    elif case == "modulation_nn_head_lora":
+        perturb_named(model, ".default.", 1)
+        policy, ref, q_model = Adapter(model, "default"), Adapter(model, None), q.module
+        perturb(q.module, 2)
     else:
         policy, ref = model, trainer.ref_model
         perturb(policy, 1)  # pθ ≠ p0, so the KL in the return is not 0
@@ -177,19 +195,21 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
         rows = negatives[g * N:(g + 1) * N]
         lp = [row_logps(policy, p, c) for p, c in rows]
         lq = [row_logps(q_model, p, c) for p, c in rows]
+        # the twist: log q − log pθ per token, or a modulation head's output at the sampled token
+        twists = [row_modulation(q_model, p, c) if modulated else [y - x for x, y in zip(a, b)]
+                  for (p, c), a, b in zip(rows, lp, lq)]
         sigma = softmax([sum(a) + phi(reward(c)) - sum(b) for a, b, (_, c) in zip(lp, lq, rows)])
         width = max(len(c) for _, c in rows)
         for t in range(width):
             # a finished row keeps its totals in later positions' weights (its twist there is 0)
             logits = []
-            for a, b in zip(lp, lq):
+            for a, b, psi in zip(lp, lq, twists):
                 k = min(t, len(a) - 1)
-                psi = b[t] - a[t] if t < len(a) else 0.0
-                logits.append(sum(a[:k + 1]) + psi - sum(b[:k + 1]))
+                logits.append(sum(a[:k + 1]) + (psi[t] if t < len(a) else 0.0) - sum(b[:k + 1]))
             pi = softmax(logits)
-            for i, (a, b) in enumerate(zip(lp, lq)):
+            for i, (a, psi) in enumerate(zip(lp, twists)):
                 if t < len(a):
-                    ctl -= (sigma[i] - pi[i]) * (b[t] - a[t]) / len(a)
+                    ctl -= (sigma[i] - pi[i]) * psi[t] / len(a)
     logged = trainer._metrics["train"]["loss/proposal"][-1]
     assert logged == pytest.approx(ctl / (2 * N), rel=1e-4, abs=1e-7)
     assert abs(ctl) > 1e-4
@@ -302,6 +322,13 @@ def test_neg_reinforce_lowers_bad_samples_only_with_a_negative_alpha():
       "--neg_baseline_type", "hardcoded"], "go together"),
     (["--target_dist_beta", "-1", "--neg_baseline_type", "expectation"], "it is neg_reinforce's"),
     (["--target_dist_beta", "-1", "--parameterization", "modulation_model"], "not in this version"),
+    (["--target_dist_beta", "-1", "--parameterization", "modulation_nn_head", "--actor_loss_type",
+      "ctl_nosecondterm"], "takes --actor_loss_type ctl"),
+    (["--target_dist_beta", "-1", "--parameterization", "modulation_linear_head", "--proposal", "copy"],
+     "the proposal is a head"),
+    (["--target_dist_beta", "-1", "--parameterization", "modulation_nn_head", "--init_head_from_base"],
+     "give --parameterization modulation_linear_head"),
+    (["--target_dist_beta", "-1", "--additional_sd_divider", "2"], "give --parameterization modulation_linear_head"),
     (["--harmlessness_training_loss_type", "reinforce", "--num_episodes", "3"], "no proposal is trained"),
     (["--target_dist_beta", "-1", "--use_base_as_proposal", "--actor_learning_rate", "1e-4"], "no proposal"),
     (["--target_dist_beta", "-1", "--proposal", "adapter", "--tuner_type", "full"], "needs --tuner_type lora"),
@@ -320,6 +347,29 @@ def test_bad_combinations_are_refused_in_one_line(tmp_path, argv, message):
 
     with pytest.raises(SwiftError, match=message):
         resolve_args(RLHFArguments, harmless_argv(tmp_path, *argv), "swift rlhf")
+
+
+def test_a_modulated_proposal_samples_from_its_own_distribution(tmp_path):
+    """The proposal's engine with a modulation head samples q = softmax(log pθ + m), not pθ: over 4,096
+    one-token answers the mean of log q − log pθ at the sampled tokens is KL(q‖pθ) within 4 standard
+    errors, and far from −KL(pθ‖q), its mean had the answers come from pθ."""
+    trainer = build(tmp_path, "--tuner_type", "full", "--target_dist_beta", "-2", "--parameterization",
+                    "modulation_linear_head", "--additional_sd_divider", "0.2", "--max_completion_length", "1")
+    q = trainer.proposal
+    answers = q.generate(trainer.rollout, [trainer.train_dataset[0]] * 32, 128)  # the engine takes n <= 128
+    prompt = answers[0].prompt_ids
+    with torch.no_grad():
+        out = q.module(input_ids=torch.tensor([prompt]))
+        log_q = out.logits[0, -1].double().log_softmax(-1)
+        log_p = trainer.model(input_ids=torch.tensor([prompt])).logits[0, -1].double().log_softmax(-1)
+    assert all(len(a.completion_ids) == 1 for a in answers)
+    ratio = log_q - log_p
+    kl_qp = (log_q.exp() * ratio).sum().item()
+    kl_pq = (log_p.exp() * -ratio).sum().item()
+    se = math.sqrt((log_q.exp() * (ratio - kl_qp) ** 2).sum().item() / len(answers))
+    sampled = ratio[torch.tensor([a.completion_ids[0] for a in answers])].mean().item()
+    assert abs(sampled - kl_qp) < 4 * se, (sampled, kl_qp, se)
+    assert kl_qp + kl_pq > 20 * se  # q and pθ are told apart
 
 
 def test_the_forks_names_select_and_configure_it(tmp_path):
@@ -367,8 +417,9 @@ def test_the_adapter_proposal_shares_the_policys_module(tmp_path):
     assert trainable and not trainable & {id(p) for _, p in trainer.proposal.named}
 
 
-@pytest.mark.parametrize("tuner,flags", [("full", []), ("lora", ["--sampling_target_updated_base"])],
-                         ids=["copy", "adapter-flipped"])
+@pytest.mark.parametrize("tuner,flags", [("full", []), ("lora", ["--sampling_target_updated_base"]),
+                                         ("full", ["--parameterization", "modulation_linear_head"])],
+                         ids=["copy", "adapter-flipped", "modulation-head"])
 def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path, tuner, flags):
     """Both models and both optimizers: from a checkpoint at step 2 of 4 the run ends with the
     uninterrupted run's logged losses and both models' weights."""
@@ -387,7 +438,7 @@ def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path, tuner, flags):
 
     def weights(out):
         names = ["model.safetensors", "adapter_model.safetensors", "proposal/model.safetensors",
-                 "proposal/adapter_model.safetensors"]
+                 "proposal/adapter_model.safetensors", "proposal/modulation_head.safetensors"]
         return {n: load_file(out / n) for n in names if (out / n).exists()}
 
     rlhf_main(argv(tmp_path / "straight"))
