@@ -27,7 +27,7 @@ COMMON = ["--model", "builtin:tiny-chat", "--dataset", "builtin:toy-harm", "--re
           "--disable_tqdm", "true", "--add_version", "false"]
 
 
-WITH_PROPOSAL = ("RePULSe", "neg_reinforce")  # they draw N samples from pθ and N from q per step
+WITH_PROPOSAL = ("RePULSe", "RePULSe, modulation head", "neg_reinforce")  # they draw N samples from pθ and N from q per step
 
 
 def methods(steps: int, lr: str, q_lr: str, alpha: str, neg_alpha: str) -> dict[str, list[str]]:
@@ -44,6 +44,9 @@ def methods(steps: int, lr: str, q_lr: str, alpha: str, neg_alpha: str) -> dict[
                              "--rew_trans_beta", "-1", "--learning_rate", lr, "--max_steps", double],
         "base as proposal": ["--rlhf_type", "harmless", "--use_base_as_proposal", "--target_dist_beta", "-10",
                              "--alpha", alpha, "--learning_rate", lr, "--max_steps", double],
+        "RePULSe, modulation head": ["--rlhf_type", "harmless", "--target_dist_beta", "-10", "--alpha", alpha,
+                                     "--parameterization", "modulation_linear_head", "--actor_learning_rate", q_lr,
+                                     "--learning_rate", lr, "--max_steps", str(steps)],
         "neg_reinforce": ["--rlhf_type", "harmless", "--harmlessness_training_loss_type", "neg_reinforce",
                           "--target_dist_beta", "-10", "--alpha", neg_alpha, "--neg_baseline_type", "expectation",
                           "--actor_learning_rate", q_lr, "--learning_rate", lr, "--max_steps", str(steps)],

@@ -519,7 +519,7 @@ def test_repulse_lowers_the_toys_exact_p_bad(tmp_path):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
     from harmlessness import COMMON, methods
 
-    flags = methods(30, "3e-4", "1e-3", "10")["RePULSe"]
+    flags = methods(30, "3e-4", "1e-3", "10", "-0.1")["RePULSe"]
     rlhf_main([*COMMON, "--save_strategy", "no", *flags, "--seed", "0", "--num_generations", "64",
                "--per_device_train_batch_size", "64", "--output_dir", str(tmp_path / "run")])
     model, tokenizer, info = load_model(str(tmp_path / "run"))
