@@ -142,8 +142,6 @@ REASONS: dict[str, tuple[str, ...]] = {
     "the OpenAI server's fixed fields and request logging are not configurable":
         ("owned_by", "verbose", "log_interval"),
     "at most 20 top log-probs per token are returned": ("max_logprobs",),
-    "`swift web-ui` and `swift app` are not in this version": ("server_name", "server_port", "share", "lang",
-                                                              "base_url", "studio_title"),
     "`swift export` is not in this version (LoRA merging: `swift merge-lora`)":
         ("exist_ok", "to_cached_dataset", "template_mode", "to_ollama", "to_mcore", "to_hf", "mcore_model",
          "mcore_adapters", "thread_count", "offload_bridge", "test_convert_precision", "test_convert_dtype",
