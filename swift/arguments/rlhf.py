@@ -191,6 +191,9 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
         if negatives and self.target_dist_beta is None:
             raise SwiftError(f"--harmlessness_training_loss_type {loss_type} needs --target_dist_beta (β < 0, e.g. "
                              "-10; 1 with --rm_type indicator_below_threshold)")
+        if negatives and not self.use_base_as_proposal and (self.top_k or self.top_p < 1.0):
+            raise SwiftError("--top_k / --top_p with a proposal: its importance weights and CTL use q's whole "
+                             "distribution, not the truncated one the engine would sample (leave them off)")
         if loss_type == "neg_reinforce":
             self._check_neg_reinforce()
         elif self.neg_baseline_type is not None or self.neg_hardcoded_baseline is not None:
@@ -240,6 +243,9 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
         if self.use_base_as_proposal:
             raise SwiftError("--use_base_as_proposal with --harmlessness_training_loss_type neg_reinforce is not in "
                              "this version (the fork reuses the policy's samples with another reward scale there)")
+        if self.reward_transform and self.rew_trans_alpha is None:
+            raise SwiftError(f"--reward_transform {self.reward_transform} with neg_reinforce needs --rew_trans_alpha: "
+                             f"its default, --alpha ({self.alpha}), is negative here and would reward bad answers")
         if (self.neg_baseline_type == "hardcoded") != (self.neg_hardcoded_baseline is not None):
             raise SwiftError("--neg_baseline_type hardcoded and --neg_hardcoded_baseline go together")
 

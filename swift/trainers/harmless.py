@@ -96,7 +96,7 @@ class Modulated(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
                 logits_to_keep: int = 0, **_):
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(self.policy):  # q's log-probs and samples: pθ without dropout
             out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                               past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep,
                               output_hidden_states=True)
@@ -119,19 +119,22 @@ def modulation_head(kind: str, policy, divider: float, from_base: bool) -> torch
     policy's output layer / `divider` with `from_base`), or an MLP H → H → H → V with ReLUs (PyTorch's
     default initialisation). Float32, on the policy's device."""
     hidden = policy.config.get_text_config().hidden_size
-    vocab = policy.get_input_embeddings().num_embeddings
-    device = policy.get_input_embeddings().weight.device
+    output = policy.get_output_embeddings()
+    vocab = output.weight.shape[0]
+    device = output.weight.device
     if kind == "modulation_nn_head":
         return torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
                                    torch.nn.ReLU(), torch.nn.Linear(hidden, vocab)).to(device)
     head = torch.nn.Linear(hidden, vocab).to(device)
     with torch.no_grad():
+        head.bias.zero_()
         if from_base:
-            head.weight.copy_(policy.get_output_embeddings().weight.float() / divider)
+            head.weight.copy_(output.weight.float() / divider)
+            if getattr(output, "bias", None) is not None:
+                head.bias.copy_(output.bias.float() / divider)
         else:
             torch.nn.init.xavier_normal_(head.weight)
             head.weight.div_(divider)
-        head.bias.zero_()
     return head
 
 
@@ -191,6 +194,10 @@ class Proposal:
             self.engine = engine_factory(self.module)
         if not self.named:
             raise SwiftError("--rlhf_type harmless: the proposal has no trainable parameters")
+        if dist.is_initialized() and dist.get_world_size() > 1:  # every rank starts from rank 0's proposal
+            with torch.no_grad():
+                for _, p in self.named:
+                    dist.broadcast(p.data, 0)
         self.freeze()
         args = t.args
         self.optimizer = torch.optim.AdamW([p for _, p in self.named], lr=a.actor_learning_rate,
@@ -212,8 +219,9 @@ class Proposal:
                                trainer._prompt_group(trainer.model))[0]
 
     def logps_and_twists(self, trainer, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """The modulated q's log-probs of the completion tokens (at the sampling temperature) and its
-        twists m_t(s_t), both [B, Lc] with the head's gradient."""
+        """The modulated q's log-probs of the completion tokens and its twists, both [B, Lc] with the
+        head's gradient. At temperature T the engine samples q_T ∝ pθ_T·e^{m/T} (its logits are divided
+        by T), so the twist against pθ_T is m_t(s_t)/T (the fork samples at T = 1)."""
         completion = batch["completion_ids"]
         ids = torch.cat([batch["prompt_ids"], completion], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -224,7 +232,7 @@ class Proposal:
         temperature = trainer.rlhf_args.temperature or 1.0
         index = completion[..., None]
         logps = (logits / temperature).log_softmax(-1).gather(-1, index)[..., 0]
-        return logps, modulation.gather(-1, index)[..., 0]
+        return logps, modulation.gather(-1, index)[..., 0] / temperature
 
     def generate(self, rollout_: "HarmlessRollout", prompts: list[dict], n: int) -> list[Trajectory]:
         requests = [RolloutInferRequest(messages=list(p["messages"]), data_dict=p["columns"]) for p in prompts]

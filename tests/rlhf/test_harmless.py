@@ -64,10 +64,11 @@ class Adapter:
             self.model.set_adapter(before)
 
 
-def row_logps(model, prompt, completion):
-    """Each completion token's log-prob, from one unpadded forward of this row alone."""
+def row_logps(model, prompt, completion, temperature=1.0):
+    """Each completion token's log-prob (at a sampling temperature), from one unpadded forward of this
+    row alone."""
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].double()
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].double() / temperature
     logp = logits[len(prompt) - 1:len(prompt) + len(completion) - 1].log_softmax(-1)
     return [logp[t, c].item() for t, c in enumerate(completion)]
 
@@ -93,6 +94,8 @@ CASES = {
     "modulation_linear_head": ["--target_dist_beta", "-2", "--parameterization", "modulation_linear_head"],
     "modulation_nn_head_lora": ["--target_dist_beta", "-2", "--parameterization", "modulation_nn_head", "--tuner_type",
                                 "lora"],
+    "modulation_linear_head_t0.7": ["--target_dist_beta", "-2", "--parameterization", "modulation_linear_head",
+                                    "--temperature", "0.7"],
 }
 
 
@@ -107,6 +110,12 @@ def row_modulation(q_module, prompt, completion):
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
     alpha, kl_coef, beta = 0.7, 0.3, float(CASES[case][1])
+    flags = CASES[case]
+    temp = float(flags[flags.index("--temperature") + 1]) if "--temperature" in flags else 1.0
+
+    def lps(model, prompt, completion):
+        return row_logps(model, prompt, completion, temp)
+
     frozen_q = [] if case == "base_as_proposal" else ["--actor_learning_rate", "0"]  # q_old stays q
     tuner = [] if "--tuner_type" in CASES[case] else ["--tuner_type", "full"]
     trainer = build(tmp_path, *tuner, "--alpha", str(alpha), "--beta", str(kl_coef), *frozen_q, *CASES[case])
@@ -157,11 +166,11 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
         rows = own[g * N:(g + 1) * N]
         returns = []
         for p, c in rows:
-            lp, l0 = row_logps(policy, p, c), row_logps(ref, p, c)
+            lp, l0 = lps(policy, p, c), lps(ref, p, c)
             returns.append(reward(c) - kl_coef * sum(a - b for a, b in zip(lp, l0)))
         for i, (p, c) in enumerate(rows):
             baseline = (sum(returns) - returns[i]) / (N - 1)
-            lp = row_logps(policy, p, c)
+            lp = lps(policy, p, c)
             rl += (returns[i] - baseline) * (-sum(lp) / len(lp))
     if case == "base_as_proposal":
         negatives = own
@@ -174,14 +183,14 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
         rows = negatives[g * N:(g + 1) * N]
         logw = []
         for p, c in rows:
-            lp = row_logps(policy, p, c)
-            lq = row_logps(q_model, p, c) if q is not None else lp
+            lp = lps(policy, p, c)
+            lq = lps(q_model, p, c) if q is not None else lp
             logw.append(sum(lp) + phi(reward(c)) - sum(lq))
         weights = softmax(logw)
         if indicator:  # zeroed where φ ≤ 2e-16, not renormalised
             weights = [w if reward(c) < 1.5 else 0.0 for w, (_, c) in zip(weights, rows)]
         for w, (p, c) in zip(weights, rows):
-            lp = row_logps(policy, p, c)
+            lp = lps(policy, p, c)
             neg += w * sum(lp) / len(lp)
     expected = (rl + alpha * neg) / (2 * N)  # the mean over the step's P·N samples
     assert loss == pytest.approx(expected, rel=1e-4, abs=1e-6)
@@ -193,10 +202,11 @@ def test_every_loss_term_equals_its_formula_through_the_trainer(tmp_path, case):
     ctl = 0.0
     for g in range(2):
         rows = negatives[g * N:(g + 1) * N]
-        lp = [row_logps(policy, p, c) for p, c in rows]
-        lq = [row_logps(q_model, p, c) for p, c in rows]
+        lp = [lps(policy, p, c) for p, c in rows]
+        lq = [lps(q_model, p, c) for p, c in rows]
         # the twist: log q − log pθ per token, or a modulation head's output at the sampled token
-        twists = [row_modulation(q_model, p, c) if modulated else [y - x for x, y in zip(a, b)]
+        # (at temperature T the head's twist against pθ_T is m/T)
+        twists = [[m / temp for m in row_modulation(q_model, p, c)] if modulated else [y - x for x, y in zip(a, b)]
                   for (p, c), a, b in zip(rows, lp, lq)]
         sigma = softmax([sum(a) + phi(reward(c)) - sum(b) for a, b, (_, c) in zip(lp, lq, rows)])
         width = max(len(c) for _, c in rows)
@@ -329,6 +339,9 @@ def test_neg_reinforce_lowers_bad_samples_only_with_a_negative_alpha():
     (["--target_dist_beta", "-1", "--parameterization", "modulation_nn_head", "--init_head_from_base"],
      "give --parameterization modulation_linear_head"),
     (["--target_dist_beta", "-1", "--additional_sd_divider", "2"], "give --parameterization modulation_linear_head"),
+    (["--target_dist_beta", "-1", "--harmlessness_training_loss_type", "neg_reinforce", "--alpha", "-1",
+      "--reward_transform", "minus_alpha_ind"], "needs --rew_trans_alpha"),
+    (["--target_dist_beta", "-1", "--top_k", "20"], "whole distribution"),
     (["--harmlessness_training_loss_type", "reinforce", "--num_episodes", "3"], "no proposal is trained"),
     (["--target_dist_beta", "-1", "--use_base_as_proposal", "--actor_learning_rate", "1e-4"], "no proposal"),
     (["--target_dist_beta", "-1", "--proposal", "adapter", "--tuner_type", "full"], "needs --tuner_type lora"),
@@ -370,6 +383,18 @@ def test_a_modulated_proposal_samples_from_its_own_distribution(tmp_path):
     sampled = ratio[torch.tensor([a.completion_ids[0] for a in answers])].mean().item()
     assert abs(sampled - kl_qp) < 4 * se, (sampled, kl_qp, se)
     assert kl_qp + kl_pq > 20 * se  # q and pθ are told apart
+
+    # longer answers go through the engine's KV cache: greedy decoding equals the argmax of q's
+    # full forward over the growing sequence, token by token
+    from swift.infer.protocol import InferRequest, RequestConfig
+
+    response = q.engine.infer([InferRequest(input_ids=prompt)], RequestConfig(max_tokens=6, temperature=0))[0]
+    tokens = response.choices[0].sampled_token_ids()
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(6):
+            ids.append(int(q.module(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    assert tokens == ids[len(prompt):len(prompt) + len(tokens)] and len(tokens) >= 2
 
 
 def test_the_forks_names_select_and_configure_it(tmp_path):
