@@ -161,9 +161,6 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
     def _check_harmless(self) -> None:
         """RePULSe's values and combinations (`swift.rlhf.harmless`): what the fork refuses or cannot
         mean, then the flags this configuration would not read."""
-        if self.parameterization == "modulation_model":
-            raise SwiftError("--parameterization modulation_model is not in this version (a second model's logits as "
-                             "the modulation); use modulation_linear_head or modulation_nn_head")
         choices = {"harmlessness_training_loss_type": ("neg_training", "neg_reinforce", "reinforce"),
                    "neg_baseline_type": (None, "none", "expectation", "hardcoded", "other_expectation"),
                    "rm_type": ("rlhf", "indicator_below_threshold"),
@@ -171,7 +168,7 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
                    "reinforce_baseline_type": ("expectation", "none"),
                    "actor_loss_type": ("ctl", "ctl_nosecondterm", "dpg"),
                    "parameterization": ("policy_psi_q_p_s_t", "policy_psi_q_p_s_1_to_t", "policy",
-                                        "modulation_linear_head", "modulation_nn_head"),
+                                        "modulation_linear_head", "modulation_nn_head", "modulation_model"),
                    "proposal": (None, "copy", "adapter")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -222,14 +219,14 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
                              "its twist is the head's output)")
         if modulated and self.proposal is not None:
             raise SwiftError(f"--proposal {self.proposal} does nothing with --parameterization {self.parameterization}: "
-                             "the proposal is a head on the policy's last hidden state")
-        linear = self.parameterization == "modulation_linear_head"
+                             "the proposal is the modulation (a head on the policy, or a second model's logits)")
+        linear = self.parameterization in ("modulation_linear_head", "modulation_model")
         if self.init_head_from_base and not linear:
-            raise SwiftError("--init_head_from_base starts a linear modulation head from the policy's output layer: "
-                             "give --parameterization modulation_linear_head")
+            raise SwiftError("--init_head_from_base starts a linear modulation layer from the output layer: give "
+                             "--parameterization modulation_linear_head or modulation_model")
         if self.additional_sd_divider != 1.0 and not linear:
-            raise SwiftError("--additional_sd_divider scales a linear modulation head's start: give --parameterization "
-                             "modulation_linear_head")
+            raise SwiftError("--additional_sd_divider scales a linear modulation layer's start: give --parameterization "
+                             "modulation_linear_head or modulation_model")
         if self.additional_sd_divider <= 0:
             raise SwiftError(f"--additional_sd_divider must be > 0, got {self.additional_sd_divider}")
 
@@ -424,6 +421,10 @@ class RLHFArguments(SftArguments):
         learns_q = r.harmlessness_training_loss_type != "reinforce" and not r.use_base_as_proposal
         if learns_q and r.proposal is None and not r.parameterization.startswith("modulation_"):
             r.proposal = "adapter" if self.tuner_type == "lora" else "copy"
+        if r.parameterization == "modulation_model" and self.tuner_type != "full":
+            raise SwiftError(f"--parameterization modulation_model trains a second whole model with a new output layer "
+                             f"(as the fork): it needs --tuner_type full, got {self.tuner_type}; with LoRA use "
+                             "modulation_linear_head or modulation_nn_head")
         if r.proposal == "adapter" and self.tuner_type != "lora":
             raise SwiftError(f"--proposal adapter is a second LoRA adapter beside the policy's: it needs --tuner_type "
                              f"lora (got {self.tuner_type}); use --proposal copy")

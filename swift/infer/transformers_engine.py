@@ -351,7 +351,7 @@ class TransformersEngine(InferEngine):
         width = max(len(j.prompt) for j in jobs)
         ids = torch.tensor([[pad] * (width - len(j.prompt)) + j.prompt for j in jobs], device=device)
         mask = torch.tensor([[0] * (width - len(j.prompt)) + [1] * len(j.prompt) for j in jobs], device=device)
-        cache = DynamicCache()
+        cache = self.model.new_cache() if hasattr(self.model, "new_cache") else DynamicCache()  # a wrapper's own
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         prefill = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                              use_cache=True).logits

@@ -277,7 +277,8 @@ class RLHFPipeline(TrainPipeline):
                  "engine_factory": self._engine_factory()}
         if self.algorithm.critic:
             parts["critic"] = self._critic(model)
-        if a.proposal == "copy":  # a second copy of the start, tuned as the policy (the adapter: in the trainer)
+        # a second copy of the start, tuned as the policy (the adapter and heads: in the trainer)
+        if a.proposal == "copy" or a.parameterization == "modulation_model":
             from swift.tuners import prepare_model
 
             parts["proposal_model"] = prepare_model(copy.deepcopy(model), a.tuner_args, task_type="causal_lm")

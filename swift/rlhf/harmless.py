@@ -33,9 +33,10 @@ q's loss (`--actor_loss_type ctl`), per token log ψ_t = log q(s'_t) − log pθ
     w^π_i,t = softmax_i(Σ_{t'≤t} log pθ + log ψ_t − Σ_{t'≤t} log q_old)       (both detached)
     L_CTL = −mean_{p,i} mean_t[(w^σ_i − w^π_i,t) · log ψ_t]
 `ctl_nosecondterm` drops w^π; `dpg` (`--parameterization policy`): −mean_{p,i} w^σ_i · mean_t[log q].
-The modulation parameterisations (`modulation_linear_head`, `modulation_nn_head`) define q by a head
-m on pθ's last hidden state: log q = log_softmax(log_softmax(pθ's logits) + m) with pθ detached, and
-their twist is the head's own output at the sampled token, log ψ_t = m_t(s_t).
+The modulation parameterisations (`modulation_linear_head`, `modulation_nn_head`: a head m on pθ's
+last hidden state; `modulation_model`: m the logits of a second model) define q by
+log q = log_softmax(log_softmax(pθ's logits) + m) with pθ detached, and their twist is m's own value
+at the sampled token, log ψ_t = m_t(s_t) (m_t/T at a sampling temperature T).
 
 Every function here takes the rows of whole prompt groups and returns sums over its rows (the
 trainer divides by the P·N rows of the step: `swift.rlhf.reduce`)."""
@@ -155,7 +156,7 @@ def policy_terms(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tens
     return ({"pairs": total} if separate_negatives else {"rows": total}), parts
 
 
-MODULATION = ("modulation_linear_head", "modulation_nn_head")
+MODULATION = ("modulation_linear_head", "modulation_nn_head", "modulation_model")
 
 
 def proposal_terms(q_logps: torch.Tensor, policy_logps: torch.Tensor, old_q_logps: torch.Tensor,

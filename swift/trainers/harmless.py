@@ -24,6 +24,7 @@ import shutil
 
 import torch
 import torch.distributed as dist
+from transformers import DynamicCache
 
 from swift.rlhf.harmless import (MODULATION, log_phi, negative_weights, policy_terms, proposal_terms,
                                  returns_and_advantages, transform_rewards)
@@ -75,17 +76,33 @@ def active_adapter(model, name: str | None):
             p.requires_grad_(flag)
 
 
-class Modulated(torch.nn.Module):
-    """q of the modulation parameterisations: logits log_softmax(pθ's logits) + m, m = `head` on pθ's
-    last hidden state; pθ runs without gradient (its KV cache serves the engine as for pθ itself)
-    and is not a submodule, so q's parameters are the head's alone."""
+class PairedCache(DynamicCache):
+    """The policy's KV cache with the modulation model's beside it; the engine selects rows of both."""
 
-    def __init__(self, policy, head: torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.modulation = DynamicCache()
+
+    def batch_select_indices(self, indices):
+        super().batch_select_indices(indices)
+        self.modulation.batch_select_indices(indices)
+
+
+class Modulated(torch.nn.Module):
+    """q of the modulation parameterisations: logits log_softmax(pθ's logits) + m, with m a `head` on
+    pθ's last hidden state or the logits of a second causal LM `model` (its own KV cache beside
+    pθ's). pθ runs without gradient and is not a submodule, so q's parameters are the head's or the
+    second model's alone."""
+
+    def __init__(self, policy, head: torch.nn.Module | None = None, model: torch.nn.Module | None = None):
         super().__init__()
         self._policy = (policy,)
-        self.head = head
+        self.head, self.model = head, model
         self.config = policy.config
         self.generation_config = getattr(policy, "generation_config", None)
+
+    def new_cache(self) -> DynamicCache:
+        return PairedCache() if self.model is not None else DynamicCache()
 
     @property
     def policy(self):
@@ -99,12 +116,17 @@ class Modulated(torch.nn.Module):
         with torch.no_grad(), eval_mode(self.policy):  # q's log-probs and samples: pθ without dropout
             out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                               past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep,
-                              output_hidden_states=True)
-        hidden = out.hidden_states[-1]
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
-        weight = next(self.head.parameters())
-        modulation = self.head(hidden.detach().to(weight.dtype)).float()
+                              output_hidden_states=self.head is not None)
+        if self.model is not None:
+            own = past_key_values.modulation if past_key_values is not None else None
+            modulation = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    past_key_values=own, use_cache=use_cache, logits_to_keep=logits_to_keep).logits.float()
+        else:
+            hidden = out.hidden_states[-1]
+            if logits_to_keep:
+                hidden = hidden[:, -logits_to_keep:]
+            weight = next(self.head.parameters())
+            modulation = self.head(hidden.detach().to(weight.dtype)).float()
         return ModulatedOutput(logits=out.logits.float().log_softmax(-1) + modulation, modulation=modulation)
 
 
@@ -117,7 +139,8 @@ class ModulatedOutput:
 def modulation_head(kind: str, policy, divider: float, from_base: bool) -> torch.nn.Module:
     """The fork's heads: a linear layer H → V (Xavier-normal weights / `divider`, zero bias; or the
     policy's output layer / `divider` with `from_base`), or an MLP H → H → H → V with ReLUs (PyTorch's
-    default initialisation). Float32, on the policy's device."""
+    default initialisation). Float32, on the policy's device (`policy`: any causal LM, also the
+    modulation model whose output layer it replaces)."""
     hidden = policy.config.get_text_config().hidden_size
     output = policy.get_output_embeddings()
     vocab = output.weight.shape[0]
@@ -158,13 +181,25 @@ class Proposal:
         policy = t.accelerator.unwrap_model(t.model)
         self.modulated = a.parameterization in MODULATION
         self._parameterization = a.parameterization
-        if self.modulated:  # a head on the policy's last hidden state
+        if self.modulated:  # a head on the policy's last hidden state, or a second model's logits
             from swift.infer.transformers_engine import TransformersEngine
 
             self.adapter = None
-            head = modulation_head(a.parameterization, policy, a.additional_sd_divider, a.init_head_from_base)
-            self.module = Modulated(policy, head)
-            self.named = [(f"head.{n}", p) for n, p in head.named_parameters()]
+            if a.parameterization == "modulation_model":  # the copy, with a new output layer (as the fork)
+                module = module.to(t.args.device)
+                head = modulation_head("modulation_linear_head", module, a.additional_sd_divider,
+                                       a.init_head_from_base)
+                for config in (module.config, module.config.get_text_config()):
+                    config.tie_word_embeddings = False  # the new layer is not the input embeddings
+                module.set_output_embeddings(head.to(module.get_input_embeddings().weight.dtype))
+                if a.disable_dropout:
+                    disable_dropout(module)
+                self.module = Modulated(policy, model=module)
+                self.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+            else:
+                head = modulation_head(a.parameterization, policy, a.additional_sd_divider, a.init_head_from_base)
+                self.module = Modulated(policy, head=head)
+                self.named = [(f"head.{n}", p) for n, p in head.named_parameters()]
             # the policy's own adapter stays active (the engine sees no adapters: it never switches them)
             own = t.rollout.engine
             self.engine = TransformersEngine(self.module, own.tokenizer, own.template, fast_decode=False, inline=True,
@@ -274,12 +309,18 @@ class Proposal:
         if self.modulated:
             from safetensors.torch import save_file
 
-            os.makedirs(os.path.join(output_dir, PROPOSAL_DIR), exist_ok=True)
-            save_file({n: p.detach().contiguous() for n, p in self.module.head.named_parameters()},
-                      os.path.join(output_dir, PROPOSAL_DIR, MODULATION_HEAD))
-            with open(os.path.join(output_dir, PROPOSAL_DIR, "modulation.json"), "w") as f:
-                json.dump({"parameterization": self.parameterization,
-                           "logits": "log_softmax(log_softmax(policy logits) + head(policy last hidden state))"}, f)
+            directory = os.path.join(output_dir, PROPOSAL_DIR)
+            os.makedirs(directory, exist_ok=True)
+            if self.module.model is not None:
+                self.module.model.save_pretrained(directory)
+                tokenizer.save_pretrained(directory)
+                logits = "log_softmax(log_softmax(policy logits) + this model's logits)"
+            else:
+                save_file({n: p.detach().contiguous() for n, p in self.module.head.named_parameters()},
+                          os.path.join(directory, MODULATION_HEAD))
+                logits = "log_softmax(log_softmax(policy logits) + head(policy last hidden state))"
+            with open(os.path.join(directory, "modulation.json"), "w") as f:
+                json.dump({"parameterization": self.parameterization, "logits": logits}, f)
         elif self.adapter is None:
             self.module.save_pretrained(os.path.join(output_dir, PROPOSAL_DIR))
             tokenizer.save_pretrained(os.path.join(output_dir, PROPOSAL_DIR))

@@ -96,6 +96,7 @@ CASES = {
                                 "lora"],
     "modulation_linear_head_t0.7": ["--target_dist_beta", "-2", "--parameterization", "modulation_linear_head",
                                     "--temperature", "0.7"],
+    "modulation_model": ["--target_dist_beta", "-2", "--parameterization", "modulation_model"],
 }
 
 
@@ -331,11 +332,12 @@ def test_neg_reinforce_lowers_bad_samples_only_with_a_negative_alpha():
     (["--target_dist_beta", "-1", "--harmlessness_training_loss_type", "neg_reinforce", "--alpha", "-1",
       "--neg_baseline_type", "hardcoded"], "go together"),
     (["--target_dist_beta", "-1", "--neg_baseline_type", "expectation"], "it is neg_reinforce's"),
-    (["--target_dist_beta", "-1", "--parameterization", "modulation_model"], "not in this version"),
+    (["--target_dist_beta", "-1", "--parameterization", "modulation_model", "--tuner_type", "lora"],
+     "needs --tuner_type full"),
     (["--target_dist_beta", "-1", "--parameterization", "modulation_nn_head", "--actor_loss_type",
       "ctl_nosecondterm"], "takes --actor_loss_type ctl"),
     (["--target_dist_beta", "-1", "--parameterization", "modulation_linear_head", "--proposal", "copy"],
-     "the proposal is a head"),
+     "the proposal is the modulation"),
     (["--target_dist_beta", "-1", "--parameterization", "modulation_nn_head", "--init_head_from_base"],
      "give --parameterization modulation_linear_head"),
     (["--target_dist_beta", "-1", "--additional_sd_divider", "2"], "give --parameterization modulation_linear_head"),
@@ -362,12 +364,13 @@ def test_bad_combinations_are_refused_in_one_line(tmp_path, argv, message):
         resolve_args(RLHFArguments, harmless_argv(tmp_path, *argv), "swift rlhf")
 
 
-def test_a_modulated_proposal_samples_from_its_own_distribution(tmp_path):
-    """The proposal's engine with a modulation head samples q = softmax(log pθ + m), not pθ: over 4,096
-    one-token answers the mean of log q − log pθ at the sampled tokens is KL(q‖pθ) within 4 standard
-    errors, and far from −KL(pθ‖q), its mean had the answers come from pθ."""
+@pytest.mark.parametrize("parameterization", ["modulation_linear_head", "modulation_model"])
+def test_a_modulated_proposal_samples_from_its_own_distribution(tmp_path, parameterization):
+    """The proposal's engine with a modulation head (or model) samples q = softmax(log pθ + m), not pθ:
+    over 4,096 one-token answers the mean of log q − log pθ at the sampled tokens is KL(q‖pθ) within 4
+    standard errors, and far from −KL(pθ‖q), its mean had the answers come from pθ."""
     trainer = build(tmp_path, "--tuner_type", "full", "--target_dist_beta", "-2", "--parameterization",
-                    "modulation_linear_head", "--additional_sd_divider", "0.2", "--max_completion_length", "1")
+                    parameterization, "--additional_sd_divider", "0.2", "--max_completion_length", "1")
     q = trainer.proposal
     answers = q.generate(trainer.rollout, [trainer.train_dataset[0]] * 32, 128)  # the engine takes n <= 128
     prompt = answers[0].prompt_ids
@@ -443,8 +446,9 @@ def test_the_adapter_proposal_shares_the_policys_module(tmp_path):
 
 
 @pytest.mark.parametrize("tuner,flags", [("full", []), ("lora", ["--sampling_target_updated_base"]),
-                                         ("full", ["--parameterization", "modulation_linear_head"])],
-                         ids=["copy", "adapter-flipped", "modulation-head"])
+                                         ("full", ["--parameterization", "modulation_linear_head"]),
+                                         ("full", ["--parameterization", "modulation_model"])],
+                         ids=["copy", "adapter-flipped", "modulation-head", "modulation-model"])
 def test_a_resumed_run_matches_an_uninterrupted_one(tmp_path, tuner, flags):
     """Both models and both optimizers: from a checkpoint at step 2 of 4 the run ends with the
     uninterrupted run's logged losses and both models' weights."""
@@ -532,8 +536,9 @@ def test_the_toys_exact_figures_match_sampled_answers(tiny):
 def test_repulse_lowers_the_toys_exact_p_bad(tmp_path):
     """benchmarks/harmlessness.py's RePULSe run (α 10, β −10, 30 steps of 64 + 64 samples), seed 0:
     the policy's exact expected reward rises and its exact P(bad) falls below the start. Over seeds
-    0–4 under the default and MKL_CBWR=COMPATIBLE kernels the reward ended at 0.58–0.64 (start 0.466)
-    and log10 P(bad) at −4.41 to −3.26 (start −3.05); the bounds below hold for every one of them
+    0–4 under the default, MKL_CBWR=COMPATIBLE and MKL_CBWR=AVX2 ATEN_CPU_CAPABILITY=avx2 kernels the
+    reward ended at 0.58–0.64 (start 0.466) and log10 P(bad) at −4.41 to −3.26 (start −3.05); the
+    bounds below hold for every one of them
     (docs/benchmarks.md). Which method wins at matched reward varied by seed and is not asserted."""
     import sys
 
