@@ -27,7 +27,7 @@ COMMON = ["--model", "builtin:tiny-chat", "--dataset", "builtin:toy-harm", "--re
           "--disable_tqdm", "true", "--add_version", "false"]
 
 
-WITH_PROPOSAL = ("RePULSe", "RePULSe, modulation head", "neg_reinforce")  # they draw N samples from pθ and N from q per step
+WITH_PROPOSAL = ("RePULSe", "RePULSe, modulation head", "RePULSe, modulation model", "neg_reinforce")  # they draw N samples from pθ and N from q per step
 
 
 def methods(steps: int, lr: str, q_lr: str, alpha: str, neg_alpha: str) -> dict[str, list[str]]:
@@ -47,6 +47,9 @@ def methods(steps: int, lr: str, q_lr: str, alpha: str, neg_alpha: str) -> dict[
         "RePULSe, modulation head": ["--rlhf_type", "harmless", "--target_dist_beta", "-10", "--alpha", alpha,
                                      "--parameterization", "modulation_linear_head", "--actor_learning_rate", q_lr,
                                      "--learning_rate", lr, "--max_steps", str(steps)],
+        "RePULSe, modulation model": ["--rlhf_type", "harmless", "--target_dist_beta", "-10", "--alpha", alpha,
+                                      "--parameterization", "modulation_model", "--actor_learning_rate", q_lr,
+                                      "--learning_rate", lr, "--max_steps", str(steps)],
         "neg_reinforce": ["--rlhf_type", "harmless", "--harmlessness_training_loss_type", "neg_reinforce",
                           "--target_dist_beta", "-10", "--alpha", neg_alpha, "--neg_baseline_type", "expectation",
                           "--actor_learning_rate", q_lr, "--learning_rate", lr, "--max_steps", str(steps)],
