@@ -288,13 +288,14 @@ class HarmlessFlags:
     parameterization: str = field(default="policy_psi_q_p_s_t", metadata={
         "help": "harmless: policy_psi_q_p_s_t (twist log ψ_t = log q(s_t) - log p(s_t)), policy_psi_q_p_s_1_to_t "
                 "(summed over t' <= t), policy (with --actor_loss_type dpg), or modulation_linear_head / "
-                "modulation_nn_head (q = softmax(log p + m), m a linear or 3-layer head on the policy's last hidden "
-                "state, twist log ψ_t = m_t)."})
+                "modulation_nn_head / modulation_model (q = softmax(log p + m), m a linear or 3-layer head on the "
+                "policy's last hidden state or a second model's logits (full tuning), twist log ψ_t = m_t)."})
     additional_sd_divider: float = field(default=1.0, metadata={
-        "help": "harmless, modulation_linear_head: the head's initial weights are divided by this."})
+        "help": "harmless, modulation_linear_head / modulation_model: the new linear layer's initial weights are "
+                "divided by this."})
     init_head_from_base: bool = field(default=False, metadata={
-        "help": "harmless, modulation_linear_head: start the head from the policy's output layer (÷ "
-                "--additional_sd_divider) instead of Xavier-normal weights."})
+        "help": "harmless, modulation_linear_head / modulation_model: start the new linear layer from the output "
+                "layer (÷ --additional_sd_divider) instead of Xavier-normal weights."})
     num_episodes: int = field(default=1, metadata={
         "help": "harmless: proposal updates per policy update; the first num_episodes - 1 on fresh proposal "
                 "samples alone."})
