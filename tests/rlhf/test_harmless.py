@@ -501,6 +501,31 @@ def test_negative_samples_are_saved_and_evaluated(tmp_path):
     assert os.path.exists(tmp_path / "eval" / "result.json")
 
 
+def test_a_reward_model_scores_the_policys_and_the_proposals_samples(tmp_path):
+    """`--reward_model` as the reward source (a sequence-classification model): every sample kept by
+    --save_negdata, the policy's and the proposal's, carries the score the model gives its
+    conversation (RewardModelReward on the saved prompt and answer)."""
+    from swift.model import load_model
+    from swift.rewards.manager import RewardModelReward
+
+    rm = tmp_path / "rm"
+    model, tokenizer, _ = load_model("builtin:tiny-chat", task_type="seq_cls")
+    torch.nn.init.normal_(model.score.weight, std=1.0)  # scores that differ clearly between answers
+    model.save_pretrained(rm)
+    tokenizer.save_pretrained(rm)
+    out = tmp_path / "run"
+    rlhf_main(train_argv(out, "--rlhf_type", "harmless", "--dataset", "builtin:arith-sft#8", "--reward_model",
+                         str(rm), "--num_generations", str(N), "--per_device_train_batch_size", "8",
+                         "--max_completion_length", "3", "--temperature", "1.0", "--tuner_type", "full",
+                         "--target_dist_beta", "-2", "--max_steps", "1", "--save_negdata",
+                         "--save_negdata_threshold", "1e9"))
+    rows = [json.loads(line) for line in open(out / "negdata.jsonl")]
+    assert {r["source"] for r in rows} == {"policy", "proposal"}
+    scores = RewardModelReward(str(rm))([r["completion"] for r in rows], messages=[r["prompt"] for r in rows])
+    assert [r["reward"] for r in rows] == pytest.approx(scores, abs=1e-4)
+    assert len({round(x, 3) for x in scores}) > 1
+
+
 def test_the_toys_exact_figures_match_sampled_answers(tiny):
     """`toy_exact` (enumeration) against 8,192 answers sampled by the engine the trainer uses, scored
     by the `toy_harm` reward function: the mean reward within 4 standard errors, and the bad count
