@@ -154,7 +154,17 @@ def test_console_launches_watches_stops_and_chats(browser, tmp_path):
         select_run(browser, stopped)
         wait_for(lambda: "step " in text_of(browser, "run_status"), timeout=300, what="the second run training")
         click(browser, "stop_run")
-        wait_for(lambda: "stopped" in text_of(browser, "run_status"), timeout=120, what="the stopped run")
+        reply = wait_for(lambda: stopped in text_of(browser, "runs_message") and text_of(browser, "runs_message"),
+                         what="the stop's reply")
+        assert "not running" not in reply, reply
+        # the keeper kills the command 20 s after SIGTERM at the latest; the page polls every second
+        # (a generous bound: on a loaded 2-core machine the page's refreshes queue behind the run)
+        try:
+            wait_for(lambda: "stopped" in text_of(browser, "run_status"), timeout=300, what="the stopped run")
+        except AssertionError as e:  # what the page and the run directory say then
+            tail = (runs_dir / stopped / "run.log").read_text(errors="replace")[-1500:]
+            raise AssertionError(f"{e}; status {text_of(browser, 'run_status')!r}; exit record: "
+                                 f"{(runs_dir / stopped / 'swift_exit.json').exists()}; log tail: {tail}") from None
         exit_record = json.loads((runs_dir / stopped / "swift_exit.json").read_text())
         assert exit_record["stopped"] and exit_record["returncode"] != 0
 
