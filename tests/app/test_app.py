@@ -78,7 +78,8 @@ def test_an_unreachable_base_url_is_one_line_on_the_page(browser, tmp_path):
     try:
         browser.get(url)
         wait_for(lambda: element(browser, "message", "textarea"), what="the message box")
-        assert text_of(browser, "send") == "发送"  # --lang zh
+        # the page renders in parts: the button may come a moment after the message box
+        assert wait_for(lambda: text_of(browser, "send"), what="the send button") == "发送"  # --lang zh
         for attempt in range(2):  # the page keeps working after an error
             type_into(browser, "message", "hello", enter=True)
             line = wait_for(lambda: text_of(browser, "error"), timeout=30, what="the error line")
