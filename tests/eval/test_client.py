@@ -62,7 +62,9 @@ def server():
 
 
 def test_concurrency_as_asked_and_failures_isolated(server):
-    Handler.target = 16
+    # each request is held until all 16 are in flight (at most 30 s: released at once when they are;
+    # 5 s was once too short for the client's 16 threads to start on a loaded 2-core machine)
+    Handler.target, Handler.hold = 16, 30.0
     engine = ClientEngine(server, concurrency=16)
     try:
         questions = [f"q{i}" for i in range(15)] + ["malformed"]
