@@ -153,7 +153,7 @@ class Proposal:
         t, a = trainer, trainer.rlhf_args
         policy = t.accelerator.unwrap_model(t.model)
         self.modulated = a.parameterization in MODULATION
-        self._parameterization = a.parameterization
+        self.parameterization = a.parameterization
         if self.modulated:  # a head on the policy's last hidden state, or a second model's logits
             from swift.infer.transformers_engine import TransformersEngine
 
@@ -253,9 +253,6 @@ class Proposal:
         if self.adapter is None:
             self.engine.close()
 
-    @property
-    def parameterization(self) -> str:
-        return self._parameterization
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
