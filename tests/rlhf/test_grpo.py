@@ -183,6 +183,7 @@ def test_shared_prompt_forward_equals_the_plain_one(tiny, lora):
     from swift.trainers.completion_logps import _shared_prompt_logits, token_logps
 
     model, _, _ = tiny
+    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(model.config)
     if lora:
         model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
@@ -213,8 +214,9 @@ def test_shared_prompt_forward_equals_the_plain_one(tiny, lora):
     assert torch.allclose(plain[0], shared[0], atol=1e-5)
     assert torch.allclose(plain[1], shared[1], atol=1e-5)
     assert plain[2].keys() == shared[2].keys() and plain[2]
-    for k in plain[2]:
-        assert torch.allclose(plain[2][k], shared[2][k], atol=1e-5, rtol=1e-4), k
+    for k in plain[2]:  # against each tensor's scale: summation order moves entries near 0 by ~1e-6 of it
+        scale = plain[2][k].abs().max()
+        assert (plain[2][k] - shared[2][k]).abs().max() <= 1e-4 * scale, k
     batch["prompt_ids"] = prompt.clone()
     batch["prompt_ids"][1, -1] += 1  # a group whose prompts differ: the plain forward is used
     assert _shared_prompt_logits(model, batch, n) is None
