@@ -38,6 +38,7 @@ GROUPS = {
     "tests/deploy/test_hostile.py": "hostile",
     "tests/deploy/test_server.py": "deploy_server",
     "tests/deploy/test_tools.py": "tools",
+    "tests/rollout/test_trl_env.py": "tools",  # the same trained tool-calling model
     "tests/deploy/test_conformance.py": "conformance",
     "tests/rollout/test_server.py": "rollout_server",
     "tests/eval/test_sample.py": "sample",

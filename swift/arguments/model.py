@@ -11,6 +11,11 @@ TASK_TYPES = ("causal_lm", "seq_cls", "token_cls")
 
 @dataclass
 class ModelArguments:
+    external_plugins: list[str] = field(default_factory=list, metadata={
+        "help": "Python files imported first, before any other flag is checked: their top-level code registers "
+                "rewards, schedulers, environments, advantage estimators, loss types, templates, datasets or "
+                "callbacks with swift.plugin.register (ms-swift plugin files work too). Installed packages' "
+                "`swift.plugins` entry points are imported always."})
     model: str | None = field(default=None, metadata={
         "help": "Model: a local HF directory, a hub id (ModelScope; HF hub with --use_hf), or builtin:tiny-chat."})
     model_type: str | None = field(default=None, metadata={"help": "Model family; inferred from config.json when omitted."})
@@ -39,6 +44,9 @@ class ModelArguments:
         "help": "Labels of the seq_cls/token_cls head (1 for a reward model, 2 for a process reward model)."})
 
     def __post_init__(self) -> None:
+        from swift.plugin import load_plugins
+
+        load_plugins(self.external_plugins)  # the first part built: every later check sees the plugins' names
         if self.torch_dtype not in DTYPES:
             raise SwiftError(f"--torch_dtype {self.torch_dtype!r} is not one of {', '.join(DTYPES)}")
         if self.task_type not in TASK_TYPES:

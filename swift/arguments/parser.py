@@ -92,8 +92,14 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
     config_path, argv = split_config(argv)
     valid = cls.field_owners()
     aliases = getattr(cls, "aliases", {})
-    if config_path:
-        config = {aliases.get(k, k): v for k, v in load_config(config_path).items()}
+    config = load_config(config_path) if config_path else {}
+    peer = None
+    if "rlhf_args" in cls.parts:  # swift rlhf also reads the TRL/verl rlhf.yaml and verl's key=value overrides
+        from swift.arguments.peer_configs import translate
+
+        peer, config, argv = translate(cls, config, config_path, argv)
+    if config:
+        config = {aliases.get(k, k): v for k, v in config.items()}
         unknown = [k for k in config if k not in valid]
         if unknown:
             refused = refusal(unknown[0])
@@ -113,7 +119,7 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
         what = "flag" if flag.startswith("-") else "argument"
         raise ArgumentError(f"unknown {what} '{flag}'.{hint}")
     values = {k: v for k, v in vars(namespace).items() if k in valid}
-    args = cls(**values)
+    args = cls(**(peer.resolve(values) if peer else values))
     object.__setattr__(args, "config_file", config_path)
     return args
 

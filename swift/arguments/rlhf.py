@@ -121,6 +121,9 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
                 raise SwiftError(f"--remote_rm_url {self.remote_rm_url!r} must be an http(s) URL or a .py file "
                                  "defining reward_func")
             self.remote_rm_url = None
+        if self.custom_reward_function_name and not self.custom_reward_function_path:
+            raise SwiftError("--custom_reward_function_name names a function of --custom_reward_function_path; "
+                             "give the file too")
 
     def _check_ppo(self) -> None:
         # PPO's own flags given to another algorithm are refused by `_refuse_unread`
@@ -322,6 +325,14 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
         if self.async_generate and not self.server_mode:
             raise SwiftError("--async_generate needs a rollout server (--use_vllm true --vllm_mode server, or "
                              "--rollout_mode server): a colocated engine shares the weights being trained")
+        if self.environment_factory:
+            if self.server_mode:
+                raise SwiftError("--environment_factory runs its environments in the trainer: it needs a colocated "
+                                 "engine (no --vllm_mode server / --rollout_mode server)")
+            if self.multi_turn_scheduler not in (None, "trl_environment"):
+                raise SwiftError(f"--environment_factory drives the multi-turn rollout itself; drop "
+                                 f"--multi_turn_scheduler {self.multi_turn_scheduler}")
+            self.multi_turn_scheduler = "trl_environment"
         if self.server_mode and self.multi_turn_scheduler:
             raise SwiftError("--multi_turn_scheduler runs on the rollout server in server mode: pass it to "
                              "`swift rollout` instead of the trainer")

@@ -40,9 +40,6 @@ class RlhfCommonFlags:
     disable_dropout: bool = field(default=True, metadata={
         "help": "Turn off every dropout layer of the policy and reference (TRL's default), so that log-probs "
                 "computed twice (old and new, policy and reference) come from the same function."})
-    external_plugins: list[str] = field(default_factory=list, metadata={
-        "help": "Python files imported at start (register rewards in swift.rewards.orms, schedulers in "
-                "swift.rollout.multi_turn.multi_turns)."})
     kl_coef: float | None = field(default=None, metadata={"help": "ppo: TRL's name for --beta (0.05)."})
     init_kl_coef: float | None = field(default=None, metadata={"help": "ppo: OpenRLHF's name for --beta."})
 
@@ -106,8 +103,20 @@ class OnlineFlags:
     reward_funcs: list[str] = field(default_factory=list, metadata={
         "help": "grpo: reward functions: accuracy, format, react_format, cosine, repetition, soft_overlong, toolbench, "
                 "gym_reward, names added by --external_plugins, module:Class, or an OpenRLHF reward_func .py file."})
+    environment_factory: list[str] = field(default_factory=list, metadata={
+        "help": "grpo/ppo/harmless: TRL's environment_factory: file.py:Class (or module:Class), whose reset(**row) may "
+                "add to the prompt and whose public methods are the tools of a multi-turn rollout (get_reward(), if "
+                "defined, is one more reward); several as NAME=file.py:Class, picked by each row's `environment` "
+                "column. Colocated engines only."})
+    custom_reward_function_path: str | None = field(default=None, metadata={
+        "help": "grpo/ppo/harmless: verl's custom reward: a .py file whose function (--custom_reward_function_name, "
+                "default compute_score) is called compute_score(data_source, solution_str, ground_truth, "
+                "extra_info) for every completion; a dict return gives its 'score'. Added after --reward_funcs."})
+    custom_reward_function_name: str | None = field(default=None, metadata={
+        "help": "verl's name of the function in --custom_reward_function_path (default compute_score)."})
     reward_weights: list[float] = field(default_factory=list, metadata={
-        "help": "grpo: weight of each reward (functions, then --reward_model, then --reward_model_url; default 1)."})
+        "help": "grpo: weight of each reward (functions, then --custom_reward_function_path, then --reward_model, then "
+                "--reward_model_url; default 1)."})
     reward_model: str | None = field(default=None, metadata={"help": "grpo: a local seq_cls reward model directory."})
     prm_model: str | None = field(default=None, metadata={
         "help": "grpo/ppo: a process reward model (from --rlhf_type prm, same tokenizer) scoring every step of a "

@@ -34,11 +34,19 @@ class TrainingArguments(Seq2SeqTrainingArguments):
     gradient_checkpointing: bool = field(default=True, metadata={
         "help": "Recompute activations in the backward pass to save memory (ms-swift's default; non-reentrant). "
                 "Turned off, with a log line, for models that do not support it."})
+    callbacks: list[str] = field(default_factory=list, metadata={
+        "help": "Trainer callbacks by name, registered by an --external_plugins file (swift.plugin.register("
+                "'callback', NAME)): a transformers.TrainerCallback subclass, built with the trainer when its "
+                "__init__ takes `trainer`, else with no arguments."})
     add_version: bool = field(default=True, metadata={
         "help": "Write this run to <output_dir>/v<N>-<YYYYMMDD-HHMMSS> (N counts earlier runs there), so no earlier "
                 "run is overwritten or appended to; false: write to --output_dir itself."})
 
     def __post_init__(self) -> None:
+        from swift.plugin import registry
+
+        for name in self.callbacks:
+            registry("callback").get(name)  # a miss lists the registered names
         # ms-swift's preset names, a JSON file or a dict (HF would take a name as a path). Set up when the
         # run starts (`enable_deepspeed`), so that parsing a command line never starts a process group.
         self.deepspeed_config = None

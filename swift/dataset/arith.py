@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 
 from swift.utils.registry import Registry
+from swift.plugin import register
 
 BUILTIN_DATASETS: Registry = Registry("built-in dataset")
 SPLITS = ("train", "eval")
@@ -24,20 +25,20 @@ def _pairs(split: str) -> list[tuple[int, int]]:
     return [(a, b) for a in range(100) for b in range(100) if is_eval(a, b) == (split == "eval")]
 
 
-@BUILTIN_DATASETS.register("arith-sft")
+@register("dataset", "arith-sft")
 def arith_sft(split: str = "train") -> list[dict]:
     """Chat rows: user 'aa+bb=' → assistant 'c'; the `solution` column holds the answer."""
     return [{"messages": [{"role": "user", "content": f"{a:02d}+{b:02d}="}, {"role": "assistant", "content": str(a + b)}],
              "solution": str(a + b)} for a, b in _pairs(split)]
 
 
-@BUILTIN_DATASETS.register("arith-pt")
+@register("dataset", "arith-pt")
 def arith_pt(split: str = "train") -> list[dict]:
     """Raw text rows 'aa+bb=c' for pre-training."""
     return [{"text": f"{a:02d}+{b:02d}={a + b}"} for a, b in _pairs(split)]
 
 
-@BUILTIN_DATASETS.register("arith-dpo")
+@register("dataset", "arith-dpo")
 def arith_dpo(split: str = "train") -> list[dict]:
     """Preference rows: the true sum is chosen, a different number in 0..198 is rejected.
 
@@ -54,7 +55,7 @@ def arith_dpo(split: str = "train") -> list[dict]:
     return rows
 
 
-@BUILTIN_DATASETS.register("arith-kto")
+@register("dataset", "arith-kto")
 def arith_kto(split: str = "train") -> list[dict]:
     """Unpaired rows for KTO: each sum once, with the true answer (label true) or the arith-dpo
     wrong answer (label false), chosen by a fixed hash (about half each)."""
@@ -67,7 +68,7 @@ def arith_kto(split: str = "train") -> list[dict]:
     return rows
 
 
-@BUILTIN_DATASETS.register("arith-prm")
+@register("dataset", "arith-prm")
 def arith_prm(split: str = "train") -> list[dict]:
     """Step-labelled rows for process reward models: 'aa+bb+cc=' solved in two steps
     ('aa+bb=s', 's+cc=t'). A fixed hash corrupts the first step, the second, or neither; a step is
@@ -87,7 +88,7 @@ def arith_prm(split: str = "train") -> list[dict]:
     return rows
 
 
-@BUILTIN_DATASETS.register("arith-steps")
+@register("dataset", "arith-steps")
 def arith_steps(split: str = "train") -> list[dict]:
     """Chat rows for the two-step sums of arith-prm, solved correctly: user 'aa+bb+cc=' → assistant
     'aa+bb=s' newline 's+cc=t'; `solution` holds t (a policy task for process rewards)."""

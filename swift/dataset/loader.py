@@ -1,7 +1,8 @@
 """Dataset specs → standard rows, with bad-row accounting.
 
 A spec is `path_or_id[:subset][#N]`: a local file (jsonl, json, csv, parquet, txt), a hub dataset
-id (ModelScope by default, HF with --use_hf), or `builtin:<name>[:train|eval]`. `#N` takes N rows:
+id (ModelScope by default, HF with --use_hf), `builtin:<name>[:train|eval]`, or a reasoning-gym task
+`reasoning_gym:<task>[?config][:train|eval]` (swift/dataset/reasoning_gym.py). `#N` takes N rows:
 a random sample when N is smaller than the dataset, whole repeats plus a sample when larger.
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ class DatasetSpec:
             if not count.isdigit() or int(count) == 0:
                 raise SwiftError(f"dataset spec '{spec}': the part after '#' must be a positive row count")
             n = int(count)
-        prefix = "builtin:" if source.startswith("builtin:") else ""
+        prefix = next((p for p in ("builtin:", "reasoning_gym:") if source.startswith(p)), "")
         rest = source[len(prefix):]
         subset = None
         if not os.path.exists(rest) and ":" in rest:
@@ -148,6 +149,14 @@ def iter_raw(spec: DatasetSpec, use_hf: bool = False) -> Iterator[tuple[str, Any
             raise SwiftError(f"dataset '{spec.source}': subset '{split}' is not one of {', '.join(SPLITS)}")
         for i, row in enumerate(BUILTIN_DATASETS.get(name)(split), 1):
             yield f"{spec.source}:{split} row {i}", row
+        return
+    if spec.source.startswith("reasoning_gym:"):
+        from swift.dataset import reasoning_gym
+
+        split = spec.subset or "train"
+        if split not in SPLITS:
+            raise SwiftError(f"dataset '{spec.source}': subset '{split}' is not one of {', '.join(SPLITS)}")
+        yield from reasoning_gym.iter_rows(spec.source, split, spec.n)
         return
     if os.path.isfile(spec.source):
         files = [spec.source]

@@ -147,6 +147,8 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
             raise RowError(f"tools is not a JSON list: {row['tools'][:80]!r}") from None
     for k in used & {"solution", "answer"}:  # also a column, as in ms-swift: reward functions read it
         out[k] = row[k]
+    if "prompt" in used and isinstance(row["prompt"], str):  # TRL's standard (text) format: its reward
+        out["prompt"] = row["prompt"]  # functions get text prompts and completions
     for k, v in row.items():  # keep every other column (GRPO passes them to reward functions)
         if k not in used and k not in out:
             out[k] = v

@@ -6,8 +6,8 @@ Huang'`); a row uses the form of its `lang`. The placeholders are filled in ever
 so a user's own identity data works the same way."""
 from __future__ import annotations
 
-from swift.dataset.arith import BUILTIN_DATASETS
 from swift.utils.registry import SwiftError
+from swift.plugin import register
 
 PLACEHOLDERS = ("{{NAME}}", "{{AUTHOR}}")
 
@@ -42,7 +42,7 @@ _EVAL = {"en": ("What's your name, and who built you?", "I am {{NAME}}, built by
          "zh": ("你的名字是什么？谁创造了你？", "我是{{NAME}}，由{{AUTHOR}}创造。")}
 
 
-@BUILTIN_DATASETS.register("self-cognition")
+@register("dataset", "self-cognition")
 def self_cognition(split: str) -> list[dict]:
     if split == "eval":
         pairs = [(lang, q, a) for lang, (q, a) in _EVAL.items()]

@@ -5,7 +5,7 @@ template renders them (the Hermes layout for the ChatML family). The built-in ti
 the calls in a few hundred steps, so `swift deploy` returns real `tool_calls` to an OpenAI client."""
 from __future__ import annotations
 
-from swift.dataset.arith import BUILTIN_DATASETS
+from swift.plugin import register
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -25,7 +25,7 @@ def _call(name: str, arguments: dict) -> dict:
         {"type": "function", "function": {"name": name, "arguments": arguments}}]}
 
 
-@BUILTIN_DATASETS.register("tool-calls")
+@register("dataset", "tool-calls")
 def tool_calls(split: str = "train") -> list[dict]:
     """Weather questions about 6 cities and 6 sums (2 of each held out in `eval`), and 3 greetings
     answered in words (train only)."""

@@ -128,7 +128,7 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
         from swift.rollout.multi_turn import RolloutInferRequest
 
         try:
-            _scheduler(a.multi_turn_scheduler, a.max_turns, a.gym_env).check_request(
+            _scheduler(a.multi_turn_scheduler, a.max_turns, a.gym_env, tuple(a.environment_factory)).check_request(
                 RolloutInferRequest(messages, columns))
         except SwiftError as e:
             raise RowError(str(e)) from None
@@ -138,10 +138,10 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
 
 
 @functools.lru_cache(maxsize=4)
-def _scheduler(name: str, max_turns: int | None, env: str | None):
+def _scheduler(name: str, max_turns: int | None, env: str | None, environment_factory: tuple = ()):
     from swift.rollout.multi_turn import build_scheduler
 
-    return build_scheduler(name, max_turns, env=env)
+    return build_scheduler(name, max_turns, env=env, environment_factory=list(environment_factory))
 
 
 def _encode_row(encode, template: Template, args, row: dict) -> dict:
@@ -191,10 +191,6 @@ class RLHFPipeline(TrainPipeline):
     task_types = ("causal_lm", "seq_cls", "token_cls")
 
     def __init__(self, args: RLHFArguments):
-        from swift.utils.plugins import import_plugin
-
-        for path in args.external_plugins:  # before any registry lookup, never during argument parsing
-            import_plugin(path)
         super().__init__(args)
         self.algorithm = args.rlhf_args.algorithm
         # an online algorithm with a learned critic (or proposal) trains it beside the policy
@@ -265,15 +261,19 @@ class RLHFPipeline(TrainPipeline):
     def _rollout_parts(self, model) -> dict[str, Any]:
         from swift.rewards.manager import RewardManager, build_reward_funcs
         from swift.rollout.multi_turn import build_scheduler
+        from swift.rollout.trl_env import environment_rewards
 
         a = self.args
         if a.per_device_train_batch_size % a.num_generations:
             raise SwiftError(f"--per_device_train_batch_size ({a.per_device_train_batch_size}) counts completions and "
                              f"must be a multiple of --num_generations ({a.num_generations})")
+        scheduler = build_scheduler(a.multi_turn_scheduler, a.max_turns, env=a.gym_env,
+                                    environment_factory=a.environment_factory)
         funcs = build_reward_funcs(a.reward_funcs, a.rlhf_args, a.reward_model, a.reward_model_url,
-                                   process=bool(a.prm_model))
+                                   process=bool(a.prm_model),
+                                   extra=environment_rewards(scheduler))
         parts = {"reward_manager": RewardManager(funcs, a.reward_weights or None),
-                 "scheduler": build_scheduler(a.multi_turn_scheduler, a.max_turns, env=a.gym_env),
+                 "scheduler": scheduler,
                  "engine_factory": self._engine_factory()}
         if self.algorithm.critic:
             parts["critic"] = self._critic(model)

@@ -25,8 +25,6 @@ class RolloutServerArguments:
                 "or an OpenRLHF AgentInstance .py file)."})
     max_turns: int | None = field(default=None, metadata={"help": "Most turns of a multi-turn rollout."})
     gym_env: str | None = field(default=None, metadata={"help": "Environment of the gym scheduler."})
-    external_plugins: list[str] = field(default_factory=list, metadata={
-        "help": "Python files imported by every worker first (schedulers registered in multi_turns)."})
     weight_sync_timeout: float = field(default=240.0, metadata={
         "help": "Seconds a worker waits for the trainer in a weight-sync collective before giving up."})
     allow_any_store_host: bool = field(default=False, metadata={

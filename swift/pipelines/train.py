@@ -22,7 +22,7 @@ from swift.model import load_model
 from swift.model.loader import bnb_config, resolve_dtype
 from swift.pipelines.base import resolve_args
 from swift.template import choose_template, get_template
-from swift.trainers.callbacks import ArgsInCheckpointCallback, JsonlLogCallback
+from swift.trainers.callbacks import ArgsInCheckpointCallback, JsonlLogCallback, build_callback
 from swift.trainers.fsdp import check_fsdp_ran, fsdp_on_cpu, save_whole_model, whole
 from swift.trainers.trainer import SwiftTrainer
 from swift.tuners import prepare_model
@@ -163,6 +163,8 @@ class TrainPipeline:
             )
         check_fsdp_ran(trainer)
         self.trainer = trainer
+        for name in a.training_args.callbacks:
+            trainer.add_callback(build_callback(name, trainer))
         if a.eval_use_evalscope:
             from swift.eval.callback import BenchmarkCallback
 

@@ -6,7 +6,8 @@ import json
 import math
 import re
 
-from swift.rewards.base import ORM, orms
+from swift.rewards.base import ORM
+from swift.plugin import register
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -41,13 +42,13 @@ def is_correct(completion: str, solution) -> float:
         return 0.0
 
 
-@orms.register("accuracy")
+@register("reward", "accuracy")
 class Accuracy(ORM):
     def __call__(self, completions, solution, **kwargs):
         return [is_correct(c, s) for c, s in zip(completions, solution)]
 
 
-@orms.register("format")
+@register("reward", "format")
 class Format(ORM):
     pattern = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>(?![\s\S])", re.DOTALL)
 
@@ -55,7 +56,7 @@ class Format(ORM):
         return [1.0 if self.pattern.match(c) else 0.0 for c in completions]
 
 
-@orms.register("react_format")
+@register("reward", "react_format")
 class ReActFormat(ORM):
     pattern = re.compile(r"^<think>.*?</think>\s*Action:.*?Action Input:.*?$", re.DOTALL)
 
@@ -68,7 +69,7 @@ def _lengths(completions, kwargs) -> list[int]:
     return [len(x) for x in ids] if ids is not None else [len(c.split()) for c in completions]
 
 
-@orms.register("cosine")
+@register("reward", "cosine")
 class Cosine(ORM):
     """arXiv 2502.03373: with t completion tokens and T = `cosine_max_len`, the reward moves along half
     a cosine from its value at t = 0 to its value at t = T: correct 1.0 → 0.5, wrong −0.5 → 0.0."""
@@ -88,7 +89,7 @@ class Cosine(ORM):
         return out
 
 
-@orms.register("repetition")
+@register("reward", "repetition")
 class Repetition(ORM):
     """(1 − unique/total n-grams) × max_penalty over lower-cased whitespace words; too short → 0."""
 
@@ -106,7 +107,7 @@ class Repetition(ORM):
         return out
 
 
-@orms.register("soft_overlong")
+@register("reward", "soft_overlong")
 class SoftOverlong(ORM):
     """DAPO's soft overlong punishment: min(0, −(len − (L_max − L_cache)) / L_cache) in tokens."""
 
@@ -142,7 +143,7 @@ def _json_f1(predicted: dict, gold: dict) -> float:
     return 0.0 if hits == 0 else 2 * precision * recall / (precision + recall)
 
 
-@orms.register("toolbench")
+@register("reward", "toolbench")
 class ToolBench(ORM):
     """1.0 when the completion's last `Action:` equals the solution's and its `Action Input:` matches
     (JSON inputs: key-level F1 must be 1; other inputs: equal strings), else 0.0."""
@@ -162,7 +163,7 @@ class ToolBench(ORM):
         return out
 
 
-@orms.register("gym_reward")
+@register("reward", "gym_reward")
 class GymReward(ORM):
     """The summed environment reward of a `--multi_turn_scheduler gym` trajectory."""
 

@@ -1,12 +1,20 @@
 """Build the reward functions a run asks for and score completions with them.
 
-A `--reward_funcs` entry is a registered name (built-in or added by an `--external_plugins`
-file), a `module:Class` path, or a `.py` file in OpenRLHF's style defining
-`reward_func(queries, prompts, labels, **kwargs)`. `--reward_model` (a local seq_cls dir) and
-`--reward_model_url` (`swift deploy`'s `/v1/rewards`) add one function each."""
+A `--reward_funcs` entry is
+  - a registered name (built in, or added by a plugin: swift.plugin.register("reward", ...)), called
+    `f(completions, **columns)`;
+  - `module:attr` or `file.py:attr`: an ORM class is built and called as above; any other callable
+    is a TRL reward function, called TRL's way (`TRLReward`);
+  - `package.module.func` (TRL's CLI spelling): a TRL reward function;
+  - a `.py` file in OpenRLHF's style defining `reward_func(queries, prompts, labels, **kwargs)`.
+verl's `--custom_reward_function_path FILE --custom_reward_function_name NAME` adds its
+`compute_score(data_source, solution_str, ground_truth, extra_info)` (`VerlReward`).
+`--reward_model` (a local seq_cls dir) and `--reward_model_url` (`swift deploy`'s `/v1/rewards`)
+add one function each."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import json
 import math
@@ -15,7 +23,7 @@ import urllib.request
 from typing import Any, Callable
 
 from swift.rewards.base import orms
-from swift.utils.plugins import import_plugin
+from swift.plugin import import_file
 from swift.utils.registry import SwiftError
 
 
@@ -24,7 +32,7 @@ class OpenRLHFReward:
     tensor/list or a dict with "rewards" (and optional "scores", "extra_logs")."""
 
     def __init__(self, path: str):
-        module = import_plugin(path)
+        module = import_file(path, "--reward_funcs")
         if not hasattr(module, "reward_func"):
             raise SwiftError(f"--reward_funcs {path}: the file defines no reward_func(queries, prompts, labels)")
         self.func = module.reward_func
@@ -36,6 +44,106 @@ class OpenRLHFReward:
         out = self.func([p + c for p, c in zip(prompts, completions)], prompts, labels)
         rewards = out["rewards"] if isinstance(out, dict) else out
         return [float(r) for r in (rewards.tolist() if hasattr(rewards, "tolist") else rewards)]
+
+
+class TRLReward:
+    """A TRL reward function: called with keywords `prompts`, `completions`, `completion_ids` and every
+    other dataset column (TRL passes all but the prompt), plus `trainer_state` (None here). Prompts and
+    completions are conversational (lists of {"role", "content"}) unless the dataset gave its prompt
+    as text (TRL's standard format), in which case both are strings. Returns floats or None."""
+
+    def __init__(self, func: Callable, name: str):
+        self.func = func
+        self.__name__ = name
+        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+            getattr(func, "__call__", None))
+
+    def _arguments(self, completions, columns):
+        columns = dict(columns)
+        messages = columns.pop("messages", None) or [[] for _ in completions]
+        prompt_texts = columns.pop("prompt_texts", None)
+        standard = columns.pop("prompt", None)  # the dataset's own text prompt, when it had one
+        ids = columns.pop("response_token_ids", None) or [[] for _ in completions]
+        if standard is not None and all(isinstance(p, str) for p in standard):
+            prompts, outs = list(standard), list(completions)
+        else:
+            prompts = [list(m) for m in messages]
+            outs = [[{"role": "assistant", "content": c}] for c in completions]
+        del prompt_texts  # TRL gives the un-templated prompt, above
+        return dict(prompts=prompts, completions=outs, completion_ids=ids, trainer_state=None, **columns)
+
+    def __call__(self, completions, **columns):
+        if self.is_async:
+            return self._acall(completions, **columns)
+        return self.func(**self._arguments(completions, columns))
+
+    async def _acall(self, completions, **columns):
+        return await self.func(**self._arguments(completions, columns))
+
+
+class VerlReward:
+    """verl's `compute_score(data_source, solution_str, ground_truth, extra_info)`, called row by row
+    with verl's data columns: `data_source`, `reward_model["ground_truth"]` (else a `ground_truth` or
+    `solution` column), `extra_info`. A dict return gives its "score"."""
+
+    def __init__(self, path: str, name: str = "compute_score"):
+        module = import_file(path, "--custom_reward_function_path")
+        if not callable(getattr(module, name, None)):
+            raise SwiftError(f"--custom_reward_function_path {path}: the file defines no function {name} "
+                             f"(--custom_reward_function_name)")
+        self.func = getattr(module, name)
+        self.__name__ = name
+
+    @staticmethod
+    def _ground_truth(row: int, columns: dict):
+        spec = (columns.get("reward_model") or [None] * (row + 1))[row]
+        if isinstance(spec, dict) and "ground_truth" in spec:
+            return spec["ground_truth"]
+        for key in ("ground_truth", "solution"):
+            if key in columns:
+                return columns[key][row]
+        return None
+
+    def __call__(self, completions, **columns):
+        out = []
+        for row, completion in enumerate(completions):
+            score = self.func(data_source=(columns.get("data_source") or [None] * len(completions))[row],
+                              solution_str=completion, ground_truth=self._ground_truth(row, columns),
+                              extra_info=(columns.get("extra_info") or [None] * len(completions))[row])
+            out.append(score["score"] if isinstance(score, dict) else score)
+        return out
+
+
+def _trl_or_ours(obj, args, name: str):
+    """An ORM class (ours, ms-swift's) is built with the run's arguments; a plain callable is TRL's."""
+    if inspect.isclass(obj):
+        return obj(args)
+    return TRLReward(obj, name)
+
+
+def _resolve(name: str, args):
+    """One --reward_funcs entry → callable."""
+    if name.endswith(".py"):
+        return OpenRLHFReward(name)
+    if name in orms:
+        obj = orms.get(name)
+        return obj(args) if inspect.isclass(obj) else obj
+    path, colon, attr = name.rpartition(":")
+    if colon and path.endswith(".py"):  # file.py:func
+        module = import_file(path, "--reward_funcs")
+        if not hasattr(module, attr):
+            raise SwiftError(f"--reward_funcs {name}: {path} defines no {attr}")
+        return _trl_or_ours(getattr(module, attr), args, attr)
+    if colon:  # module:attr
+        return _trl_or_ours(orms.get(name), args, attr)
+    module, dot, attr = name.rpartition(".")
+    if dot and module:  # TRL's dotted path: package.module.func
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise SwiftError(f"--reward_funcs {name}: cannot import it: {e}") from None
+        return _trl_or_ours(obj, args, attr)
+    return orms.get(name)  # a miss: one line with the registered names
 
 
 class RewardModelReward:
@@ -82,22 +190,26 @@ class RemoteRewardModel:
 
 
 def build_reward_funcs(names: list[str], args=None, reward_model: str | None = None,
-                       reward_model_url: str | None = None, process: bool = False) -> list[tuple[str, Callable]]:
-    """`process`: a process reward model scores the steps too, so no outcome reward is needed."""
+                       reward_model_url: str | None = None, process: bool = False,
+                       extra: list[tuple[str, Callable]] = ()) -> list[tuple[str, Callable]]:
+    """`process`: a process reward model (or an environment) scores too, so no outcome reward is
+    needed. `extra`: rewards the run adds itself (an environment's), after the verl function."""
     funcs: list[tuple[str, Callable]] = []
     for name in names:
-        if name.endswith(".py"):
-            func = OpenRLHFReward(name)
-            funcs.append((func.__name__, func))
-            continue
-        obj = orms.get(name)
-        funcs.append((name, obj(args) if inspect.isclass(obj) else obj))
+        func = _resolve(name, args)
+        funcs.append((func.__name__ if isinstance(func, (OpenRLHFReward, TRLReward)) else name, func))
+    verl_path = getattr(args, "custom_reward_function_path", None)
+    if verl_path:
+        func = VerlReward(verl_path, getattr(args, "custom_reward_function_name", None) or "compute_score")
+        funcs.append((func.__name__, func))
+    funcs += list(extra)
     if reward_model:
         funcs.append(("reward_model", RewardModelReward(reward_model, getattr(args, "template", None))))
     if reward_model_url:
         funcs.append(("reward_model_url", RemoteRewardModel(reward_model_url)))
     if not funcs and not process:
-        raise SwiftError("online RL needs a reward: --reward_funcs, --reward_model, --reward_model_url or --prm_model")
+        raise SwiftError("online RL needs a reward: --reward_funcs, --custom_reward_function_path, --reward_model, "
+                        "--reward_model_url or --prm_model")
     return funcs
 
 
@@ -121,19 +233,19 @@ class RewardManager:
         per_func: list[list[float] | None] = [None] * len(self.funcs)
         pending = []
         for i, (name, func) in enumerate(self.funcs):
-            if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None)):
-                pending.append((i, name, func))
-                continue
             try:
                 result = func(completions, **columns)
             except Exception as e:  # a user's function failed: find and name the row
                 self._raise(name, func, completions, columns, e)
+            if inspect.isawaitable(result):  # async functions: awaited together below
+                pending.append((i, name, func, result))
+                continue
             per_func[i] = self._checked(name, completions, result)
         if pending:
             async def gather():
-                return await asyncio.gather(*(f(completions, **columns) for _, _, f in pending), return_exceptions=True)
+                return await asyncio.gather(*(r for *_, r in pending), return_exceptions=True)
 
-            for (i, name, func), result in zip(pending, asyncio.run(gather())):
+            for (i, name, func, _), result in zip(pending, asyncio.run(gather())):
                 if isinstance(result, BaseException):
                     self._raise(name, func, completions, columns, result)
                 per_func[i] = self._checked(name, completions, result)

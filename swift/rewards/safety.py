@@ -5,7 +5,8 @@ import functools
 
 import torch
 
-from swift.rewards.base import ORM, orms
+from swift.rewards.base import ORM
+from swift.plugin import register
 
 # Zou et al.'s refusal phrases (llm-attacks' test prefixes): GCG's success check looks for them
 REFUSAL_PHRASES = [
@@ -20,7 +21,7 @@ def refuses(text: str, phrases: list[str] | None = None) -> bool:
     return any(p in text for p in phrases or REFUSAL_PHRASES)
 
 
-@orms.register("refusal")
+@register("reward", "refusal")
 class Refusal(ORM):
     """1 for an answer that refuses, −1 for one that complies. With a `harmful` column (the toy
     safety data has one), a benign request is scored the other way round: answering it earns 1."""
@@ -50,7 +51,7 @@ def toy_token_scores() -> torch.Tensor:
     return scores
 
 
-@orms.register("toy_harm")
+@register("reward", "toy_harm")
 class ToyHarm(ORM):
     """The harmlessness toy's reward (built-in tiny model only): the sum of the answer's token
     scores (`toy_token_scores`), so 0..2 for a 2-token answer and <= -9 for one that says "bad"

@@ -15,31 +15,32 @@ from swift.rlhf.base import ALGORITHMS, COMMON_FLAGS, REFERENCE_FLAGS, Algorithm
 from swift.rlhf.logps import SequenceLogps, pair_metrics
 from swift.rlhf.reduce import Terms
 from swift.utils.registry import Registry
+from swift.plugin import register
 
 DPO_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("DPO loss type")
 
 
-@DPO_LOSSES.register("sigmoid")
+@register("dpo_loss", "sigmoid")
 def sigmoid(c, r, *, beta, label_smoothing=0.0, **_):
     """DPO (arXiv 2305.18290): −log σ(βΔ); with ε = label_smoothing, cDPO: −(1−ε)log σ(βΔ) − ε log σ(−βΔ)."""
     delta = beta * (c - r)
     return -(1 - label_smoothing) * F.logsigmoid(delta) - label_smoothing * F.logsigmoid(-delta)
 
 
-@DPO_LOSSES.register("hinge")
+@register("dpo_loss", "hinge")
 def hinge(c, r, *, beta, **_):
     """SLiC (arXiv 2305.10425): max(0, 1 − βΔ)."""
     return torch.relu(1 - beta * (c - r))
 
 
-@DPO_LOSSES.register("ipo")
+@register("dpo_loss", "ipo")
 def ipo(c, r, *, beta, chosen_len, rejected_len, **_):
     """IPO (arXiv 2310.12036, eq. 17): (c/|y_w| − r/|y_l| − 1/(2β))², log-ratios averaged per token."""
     delta = c / chosen_len.clamp(min=1) - r / rejected_len.clamp(min=1)
     return (delta - 1 / (2 * beta)) ** 2
 
 
-@DPO_LOSSES.register("robust")
+@register("dpo_loss", "robust")
 def robust(c, r, *, beta, label_smoothing=0.0, **_):
     """Robust DPO (arXiv 2403.00409): unbiased under label-flip rate ε:
     (−(1−ε)log σ(βΔ) + ε log σ(−βΔ)) / (1 − 2ε)."""
@@ -48,31 +49,31 @@ def robust(c, r, *, beta, label_smoothing=0.0, **_):
         1 - 2 * label_smoothing)
 
 
-@DPO_LOSSES.register("bco_pair")
+@register("dpo_loss", "bco_pair")
 def bco_pair(c, r, *, beta, **_):
     """BCO on pairs (arXiv 2404.04656), without the running reward shift: −log σ(βc) − log σ(−βr)."""
     return -F.logsigmoid(beta * c) - F.logsigmoid(-beta * r)
 
 
-@DPO_LOSSES.register("sppo_hard")
+@register("dpo_loss", "sppo_hard")
 def sppo_hard(c, r, *, beta, **_):
     """SPPO with hard win probabilities (arXiv 2405.00675): (c − 1/(2β))² + (r + 1/(2β))²."""
     return (c - 0.5 / beta) ** 2 + (r + 0.5 / beta) ** 2
 
 
-@DPO_LOSSES.register("nca_pair")
+@register("dpo_loss", "nca_pair")
 def nca_pair(c, r, *, beta, **_):
     """NCA (arXiv 2402.05369): −log σ(βc) − ½ log σ(−βc) − ½ log σ(−βr)."""
     return -F.logsigmoid(beta * c) - 0.5 * F.logsigmoid(-beta * c) - 0.5 * F.logsigmoid(-beta * r)
 
 
-@DPO_LOSSES.register("apo_zero")
+@register("dpo_loss", "apo_zero")
 def apo_zero(c, r, *, beta, **_):
     """APO-zero (arXiv 2408.06266, eq. 7): (1 − σ(βc)) + σ(βr)."""
     return 1 - torch.sigmoid(beta * c) + torch.sigmoid(beta * r)
 
 
-@DPO_LOSSES.register("apo_down")
+@register("dpo_loss", "apo_down")
 def apo_down(c, r, *, beta, **_):
     """APO-down (arXiv 2408.06266, eq. 8): σ(βc) + (1 − σ(βΔ))."""
     return torch.sigmoid(beta * c) + 1 - torch.sigmoid(beta * (c - r))

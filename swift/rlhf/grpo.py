@@ -45,6 +45,7 @@ from swift.rlhf.base import ALGORITHMS, ROLLOUT_FLAGS, Algorithm
 from swift.rlhf.reduce import Terms
 from swift.utils.dist import gather_cat
 from swift.utils.registry import Registry
+from swift.plugin import register
 
 EPS = 1e-4
 ADVANTAGE_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("advantage estimator")
@@ -65,23 +66,23 @@ def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return (squares / (count - 1).clamp(min=1)).sqrt()
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
-@ADVANTAGE_ESTIMATORS.register("dr_grpo")
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
-@ADVANTAGE_ESTIMATORS.register("reinforce_baseline")
+@register("advantage_estimator", "grpo")
+@register("advantage_estimator", "dr_grpo")
+@register("advantage_estimator", "reinforce_plus_plus")
+@register("advantage_estimator", "reinforce_baseline")
 def group_baseline(rewards: torch.Tensor) -> torch.Tensor:
     """r − mean over the group; rewards [P, G]."""
     return rewards - rewards.nanmean(dim=1, keepdim=True)
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
+@register("advantage_estimator", "rloo")
 def leave_one_out(rewards: torch.Tensor) -> torch.Tensor:
     """r − mean of the other (scored) rewards of the group."""
     count = (~rewards.isnan()).sum(dim=1, keepdim=True)
     return rewards - (rewards.nansum(dim=1, keepdim=True) - rewards) / (count - 1).clamp(min=1)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce")
+@register("advantage_estimator", "reinforce")
 def batch_whitened(rewards: torch.Tensor) -> torch.Tensor:
     """(r − batch mean) / (batch std + 1e-4)."""
     return (rewards - rewards.nanmean()) / (nanstd(rewards) + EPS)
@@ -198,12 +199,12 @@ class LossType:
 
 
 LOSS_TYPES: Registry[LossType] = Registry("GRPO loss type")
-LOSS_TYPES.register("grpo", LossType(clipped_surrogate, per_sequence_mean))
-LOSS_TYPES.register("bnpo", LossType(clipped_surrogate, token_mean))
-LOSS_TYPES.register("dr_grpo", LossType(clipped_surrogate, constant_normalizer))
-LOSS_TYPES.register("dapo", LossType(clipped_surrogate, global_token_mean))
-LOSS_TYPES.register("cispo", LossType(cispo_surrogate, global_token_mean))
-LOSS_TYPES.register("sapo", LossType(sapo_surrogate, per_sequence_mean))
+register("loss_type", "grpo", LossType(clipped_surrogate, per_sequence_mean))
+register("loss_type", "bnpo", LossType(clipped_surrogate, token_mean))
+register("loss_type", "dr_grpo", LossType(clipped_surrogate, constant_normalizer))
+register("loss_type", "dapo", LossType(clipped_surrogate, global_token_mean))
+register("loss_type", "cispo", LossType(cispo_surrogate, global_token_mean))
+register("loss_type", "sapo", LossType(sapo_surrogate, per_sequence_mean))
 
 
 def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,

@@ -198,4 +198,4 @@ ALGORITHMS.register("harmless", Algorithm(
               "advantage_estimator": "rloo", "num_iterations": 1, "epsilon": 0.2},
     loss_types=LOSS_TYPES, flags=COMMON_FLAGS | REFERENCE_FLAGS | SAMPLING_FLAGS | HARMLESS_FLAGS | frozenset({
         "beta", "num_generations", "reward_funcs", "reward_weights", "reward_model", "reward_model_url",
-        "multi_turn_scheduler", "max_turns", "gym_env", "log_completions"})))
+        "custom_reward_function_path", "custom_reward_function_name", "environment_factory", "multi_turn_scheduler", "max_turns", "gym_env", "log_completions"})))

@@ -24,6 +24,7 @@ from typing import Any
 
 from swift.rewards.builtin import is_correct
 from swift.utils.registry import Registry, SwiftError
+from swift.plugin import register
 
 
 @dataclass
@@ -34,6 +35,7 @@ class RolloutInferRequest:
     data_dict: dict[str, Any] = field(default_factory=dict)
     rollout_infos: dict[str, Any] = field(default_factory=dict)  # passed to reward functions by name
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)  # this trajectory's identity
+    tools: list | None = None  # tool signatures the template renders into the prompt (a scheduler's)
 
 
 class MultiTurnScheduler:
@@ -49,6 +51,12 @@ class MultiTurnScheduler:
     def step(self, infer_request: RolloutInferRequest, response_choice, current_turn: int) -> dict:
         return {"infer_request": infer_request}
 
+    def start(self, infer_request: RolloutInferRequest) -> None:
+        """Prepare a trajectory before its first turn (e.g. an environment's first observation, tools)."""
+
+    def finish(self, infer_request: RolloutInferRequest) -> None:
+        """After its last turn, however it ended: a last chance to set `rollout_infos` (e.g. a reward)."""
+
     def release(self, infer_request: RolloutInferRequest) -> None:
         """Forget what was kept for this trajectory (called once, when its rollout ends)."""
 
@@ -59,7 +67,7 @@ class MultiTurnScheduler:
 multi_turns: Registry[type] = Registry("multi-turn scheduler")
 
 
-@multi_turns.register("math_tip_trick")
+@register("multi_turn", "math_tip_trick")
 class MathTipTrick(MultiTurnScheduler):
     """A wrong answer gets one more try: the answer is cut before `<answer>`/`</think>`, a hint is
     appended to the same assistant message, and the model continues from there."""
@@ -98,7 +106,7 @@ class Env:
 envs: Registry[type] = Registry("environment")
 
 
-@envs.register("guess_number")
+@register("env", "guess_number")
 class GuessNumber(Env):
     """Guess the row's `solution` (an integer); the environment answers 'higher' or 'lower'.
     Reward 1 for a right guess, 0 otherwise."""
@@ -118,7 +126,7 @@ class GuessNumber(Env):
         return ("higher" if guess < self.target else "lower"), 0.0, False, {}
 
 
-@multi_turns.register("gym")
+@register("multi_turn", "gym")
 class GymScheduler(MultiTurnScheduler):
     """Runs the environment named by the row's `env` column (or `--gym_env`): each answer is an
     action, each observation becomes the next user message; the summed environment reward is handed
@@ -223,9 +231,9 @@ def build_scheduler(name: str | None, max_turns: int | None, **kwargs) -> MultiT
     if not name:
         return None
     if name.endswith(".py"):
-        from swift.utils.plugins import import_plugin
+        from swift.plugin import import_file
 
-        module = import_plugin(name)
+        module = import_file(name, "--multi_turn_scheduler")
         if not hasattr(module, "AgentInstance"):
             raise SwiftError(f"--multi_turn_scheduler {name}: the file defines no AgentInstance class")
         return AgentInstanceScheduler(module.AgentInstance, max_turns)
@@ -234,3 +242,6 @@ def build_scheduler(name: str | None, max_turns: int | None, **kwargs) -> MultiT
     extra = {k: v for k, v in kwargs.items() if k in accepted or any(
         p.kind is p.VAR_KEYWORD for p in accepted.values())}
     return cls(max_turns=max_turns, **extra)
+
+
+from swift.rollout import trl_env  # noqa: E402,F401  (registers the trl_environment scheduler)

@@ -70,9 +70,10 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
     within its own remaining token budget. The scheduler's state for a trajectory is released when
     the rollout ends, however the trajectory ended."""
     states = [copy.deepcopy(r) for r in requests for _ in range(n)]
-    for state in states:
-        state.uid = uuid.uuid4().hex  # n copies of one request are n trajectories
     try:
+        for state in states:
+            state.uid = uuid.uuid4().hex  # n copies of one request are n trajectories
+            scheduler.start(state)
         return _multi_turn(engine, template, states, config, scheduler, max_completion_length, control)
     finally:
         for state in states:
@@ -82,7 +83,7 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
 def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInferRequest], config: RequestConfig,
                 scheduler: MultiTurnScheduler, max_completion_length: int,
                 control: JobControl | None) -> list[Trajectory]:
-    ids = [template.encode_continuation(s.messages) for s in states]
+    ids = [template.encode_continuation(s.messages, s.tools) for s in states]
     prompt_len = [len(x) for x in ids]
     masks: list[list[int]] = [[] for _ in states]
     lps: list[list[float]] = [[] for _ in states]
@@ -132,7 +133,7 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
             if state is not states[i]:  # a scheduler that hands back a new request keeps the trajectory's identity
                 state.uid = states[i].uid
             states[i] = state
-            following = template.encode_continuation(state.messages)
+            following = template.encode_continuation(state.messages, state.tools)
             keep = _common_prefix(ids[i], following)
             if keep < prompt_len[i]:
                 raise SwiftError(f"multi-turn scheduler {type(scheduler).__name__} changed the prompt of a trajectory")
@@ -153,6 +154,13 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
                 continue
             still.append(i)
         active = still
+    for state in states:
+        try:
+            scheduler.finish(state)
+        except Exception as e:  # noqa: BLE001 - as a failed step: this trajectory only
+            logger.error(f"multi-turn scheduler {type(scheduler).__name__} failed to finish a trajectory: "
+                         f"{type(e).__name__}: {e}", exc_info=e)
+            state.rollout_infos["rollout_error"] = type(e).__name__
     return [Trajectory(ids[i][:prompt_len[i]], ids[i][prompt_len[i]:], masks[i], texts[i], truncated[i],
                        states[i].messages, dict(states[i].rollout_infos), turns[i],
                        lps[i] if config.logprobs else None) for i in range(len(states))]

@@ -19,7 +19,7 @@ from swift.rollout.weight_sync import WeightGroup, parse_dtype, unflatten
 from swift.serving.errors import internal_error
 from swift.serving.jobs import JobControl, JobStopped
 from swift.utils.logging import get_logger
-from swift.utils.plugins import import_plugin
+from swift.plugin import import_file
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
@@ -42,7 +42,7 @@ class _Worker:
 
     def __init__(self, args, rank: int):
         for path in args.external_plugins:
-            import_plugin(path)
+            import_file(path)
         self.rank = rank
         self.engine = _build_engine(args, rank)
         self.scheduler = build_scheduler(args.multi_turn_scheduler, args.max_turns, env=args.gym_env)

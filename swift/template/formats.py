@@ -7,7 +7,8 @@ from __future__ import annotations
 import datetime
 import json
 
-from swift.template.base import TEMPLATES, RowError, Span, Template
+from swift.template.base import RowError, Span, Template
+from swift.plugin import register
 
 HERMES_TOOLS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -63,7 +64,7 @@ class FormatTemplate(Template):
         return message["content"]
 
 
-@TEMPLATES.register("chatml")
+@register("template", "chatml")
 class ChatMLTemplate(FormatTemplate):
     name = "chatml"
     message = "<|im_start|>{role}\n{content}<|im_end|>\n"
@@ -112,7 +113,7 @@ def _tool_call(call: dict) -> str:
             + json.dumps(arguments, ensure_ascii=False) + "}\n</tool_call>")
 
 
-@TEMPLATES.register("qwen")
+@register("template", "qwen")
 class QwenTemplate(ChatMLTemplate):
     """Qwen1.5/Qwen2 (ms-swift's `qwen`)."""
 
@@ -120,19 +121,19 @@ class QwenTemplate(ChatMLTemplate):
     default_system = "You are a helpful assistant."
 
 
-@TEMPLATES.register("qwen2_5")
+@register("template", "qwen2_5")
 class Qwen25Template(ChatMLTemplate):
     name = "qwen2_5"
     default_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 
-@TEMPLATES.register("qwen2_5_math")
+@register("template", "qwen2_5_math")
 class Qwen25MathTemplate(ChatMLTemplate):
     name = "qwen2_5_math"
     default_system = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-@TEMPLATES.register("qwen3")
+@register("template", "qwen3")
 class Qwen3Template(ChatMLTemplate):
     """Qwen3 without a default system prompt; the model's thinking switches are not implemented
     (answers are trained and prompted as they are written)."""
@@ -140,7 +141,7 @@ class Qwen3Template(ChatMLTemplate):
     name = "qwen3"
 
 
-@TEMPLATES.register("llama3")
+@register("template", "llama3")
 class Llama3Template(FormatTemplate):
     name = "llama3"
     begin = "<|begin_of_text|>"
@@ -153,7 +154,7 @@ class Llama3Template(FormatTemplate):
         return message["content"].strip()  # Meta's template trims every message
 
 
-@TEMPLATES.register("llama3_2")
+@register("template", "llama3_2")
 class Llama32Template(Llama3Template):
     """Llama 3.1/3.2/3.3 chat: a system turn always, opening with the knowledge cut-off and today's date."""
 

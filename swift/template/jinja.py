@@ -1,11 +1,12 @@
 """`--template jinja`: the tokenizer's own chat template, with loss spans found by prefix rendering."""
 from __future__ import annotations
 
-from swift.template.base import TEMPLATES, RowError, Span, Template
+from swift.template.base import RowError, Span, Template
 from swift.utils.registry import SwiftError
+from swift.plugin import register
 
 
-@TEMPLATES.register("jinja")
+@register("template", "jinja")
 class JinjaTemplate(Template):
     name = "jinja"
 

@@ -8,7 +8,19 @@ import time
 from transformers import TrainerCallback
 
 from swift.utils.io import append_jsonl
+from swift.utils.registry import Registry
 from swift.trainers.plots import plot_logs
+
+CALLBACKS: Registry[type[TrainerCallback]] = Registry("callback")
+
+
+def build_callback(name: str, trainer) -> TrainerCallback:
+    """A `--callbacks` entry: its class, given the trainer when its __init__ asks for one."""
+    import inspect
+
+    cls = CALLBACKS.get(name)
+    takes_trainer = "trainer" in inspect.signature(cls.__init__).parameters
+    return cls(trainer=trainer) if takes_trainer else cls()
 
 
 class JsonlLogCallback(TrainerCallback):

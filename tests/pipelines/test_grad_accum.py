@@ -117,6 +117,29 @@ def test_grpo_with_rows_that_carry_no_loss_does_not_depend_on_gradient_accumulat
 
 
 
+PLUGINS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
+                       "plugins")
+
+
+@pytest.mark.parametrize("flag,name", [("--loss_type", "vanilla_pg"), ("--advantage_estimator", "median_baseline")])
+def test_a_plugin_loss_type_or_estimator_does_not_depend_on_gradient_accumulation(tmp_path, flag, name):
+    # examples/plugins: registered by name, and held to the same invariance as a built-in (with a row
+    # that gets no reward in the first micro-batch)
+    plugin = os.path.join(PLUGINS, f"{flag[2:]}.py")
+    assert_same(tmp_path, "grpo", 8, 2, *UNSCORED[:2], "--external_plugins", UNSCORED[-1], plugin,
+                "--num_generations", "4", "--max_completion_length", "6", "--temperature", "1.0", flag, name)
+
+
+def test_a_plugin_dpo_loss_is_used_and_does_not_depend_on_gradient_accumulation(tmp_path):
+    # at the first step the policy is the reference (Δ = 0): the example's −log σ(βΔ − 0.5) is
+    # −log σ(−0.5) = 0.9741 where the built-in sigmoid would give log 2 = 0.6931
+    assert_same(tmp_path, "dpo", 8, 2, "--loss_type", "sigmoid_margin", "--external_plugins",
+                os.path.join(PLUGINS, "dpo_loss.py"))
+    loss, _ = one_step(tmp_path / "again", "dpo", 8, 1, "--loss_type", "sigmoid_margin", "--external_plugins",
+                       os.path.join(PLUGINS, "dpo_loss.py"))
+    assert loss == pytest.approx(0.9741, abs=2e-4)
+
+
 @pytest.mark.parametrize("reward", [["--reward_funcs", "toy_harm"], UNSCORED], ids=["scored", "unscored"])
 def test_harmless_does_not_depend_on_gradient_accumulation(tmp_path, reward):
     # RePULSe: each micro-batch holds pθ's samples and the proposal's of the same prompts; both terms

@@ -8,7 +8,7 @@ import pytest
 
 from swift.rewards import AsyncORM, ORM, orms
 from swift.rewards.manager import RewardManager, build_reward_funcs
-from swift.utils.plugins import import_plugin
+from swift.plugin import import_file
 from swift.utils.registry import SwiftError
 
 
@@ -92,7 +92,7 @@ def test_ms_swift_plugin_file_registers_an_orm(tmp_path):
 
         orms['same_length'] = LengthReward
     """))
-    import_plugin(str(plugin))
+    import_file(str(plugin))
     (name, func), = build_reward_funcs(["same_length"])
     assert func(["12", "123"], solution=["99", "99"]) == [1.0, 0.0]
 

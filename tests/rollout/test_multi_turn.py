@@ -83,7 +83,7 @@ def test_math_tip_trick_retries_a_wrong_answer_once(tokenizer):
 
 
 def test_user_scheduler_plugin(tokenizer, tmp_path):
-    from swift.utils.plugins import import_plugin
+    from swift.plugin import import_file
 
     plugin = tmp_path / "my_scheduler.py"
     plugin.write_text(textwrap.dedent("""
@@ -99,7 +99,7 @@ def test_user_scheduler_plugin(tokenizer, tmp_path):
 
         multi_turns['echo'] = Echo
     """))
-    import_plugin(str(plugin))
+    import_file(str(plugin))
     template = get_template("chatml", tokenizer)
     engine = ScriptedEngine(tokenizer, ["a", "b"])
     t, = rollout(engine, template, [RolloutInferRequest([{"role": "user", "content": "hi"}])], RequestConfig(),

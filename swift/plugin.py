@@ -1,0 +1,108 @@
+"""One way to extend swift: `register(kind, name)`.
+
+Every extension point is a named registry, and every built-in entry is registered through this same
+call, so a plugin's entry is looked up exactly like a built-in one (`--loss_type my_loss`,
+`--reward_funcs my_reward`, `--template my_template`, ...):
+
+    from swift.plugin import register
+
+    @register("reward", "my_reward")
+    class MyReward(ORM): ...
+
+Plugins are Python files named by `--external_plugins` (every command that loads a model has the
+flag) and installed packages that declare an entry point in the `swift.plugins` group (the entry
+point's module is imported; its top-level code registers). Both are imported once per process,
+before any other flag is checked.
+
+Kinds and what an entry is (examples/plugins/ has one file per kind):
+  reward               an ORM subclass, `__call__(completions, **columns) -> list[float | None]`
+  multi_turn           a MultiTurnScheduler subclass (`--multi_turn_scheduler`)
+  env                  an Env subclass (the gym scheduler's `--gym_env` / `env` column)
+  advantage_estimator  f(rewards [P, G]) -> advantages [P, G]  (`--advantage_estimator`)
+  loss_type            a swift.rlhf.grpo.LossType(surrogate, aggregate)  (grpo/ppo `--loss_type`)
+  dpo_loss             f(chosen_ratio, rejected_ratio, beta, **kw) -> per-pair loss  (dpo `--loss_type`)
+  template             a Template subclass (`--template`)
+  dataset              f(split) -> list of rows  (`--dataset builtin:NAME`)
+  callback             a transformers.TrainerCallback subclass (`--callbacks NAME`)
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from swift.utils.registry import Registry, SwiftError, closest
+
+# kind -> (module, attribute) of its registry; imported on first use, so a plugin may register into
+# a registry whose module nothing has imported yet
+KINDS: dict[str, tuple[str, str]] = {
+    "reward": ("swift.rewards.base", "orms"),
+    "multi_turn": ("swift.rollout.multi_turn", "multi_turns"),
+    "env": ("swift.rollout.multi_turn", "envs"),
+    "advantage_estimator": ("swift.rlhf.grpo", "ADVANTAGE_ESTIMATORS"),
+    "loss_type": ("swift.rlhf.grpo", "LOSS_TYPES"),
+    "dpo_loss": ("swift.rlhf.dpo", "DPO_LOSSES"),
+    "template": ("swift.template.base", "TEMPLATES"),
+    "dataset": ("swift.dataset.arith", "BUILTIN_DATASETS"),
+    "callback": ("swift.trainers.callbacks", "CALLBACKS"),
+}
+ENTRY_POINT_GROUP = "swift.plugins"
+
+
+def registry(kind: str) -> Registry:
+    if kind not in KINDS:
+        raise SwiftError(f"unknown plugin kind '{kind}'.{closest(kind, KINDS)} Valid: {', '.join(KINDS)}")
+    module, attr = KINDS[kind]
+    return getattr(importlib.import_module(module), attr)
+
+
+def register(kind: str, name: str, obj: Any = None):
+    """Register `obj` as `name` of `kind`; without `obj`, a decorator. A later registration of the
+    same name replaces the earlier one (a plugin may override a built-in)."""
+    return registry(kind).register(name, obj)
+
+
+_loaded: set[str] = set()
+
+
+def import_file(path: str, flag: str = "--external_plugins"):
+    """Import a plugin file by path, once per process (its folder goes first on sys.path)."""
+    if not os.path.isfile(path):
+        raise SwiftError(f"{flag}: no such file {path}")
+    key = os.path.realpath(path)
+    name = os.path.splitext(os.path.basename(path))[0]
+    if key in _loaded and name in sys.modules:
+        return sys.modules[name]
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SwiftError:
+        raise
+    except Exception as e:
+        del sys.modules[name]
+        raise SwiftError(f"{flag} {path}: importing it failed: {type(e).__name__}: {e}") from None
+    _loaded.add(key)
+    return module
+
+
+def load_plugins(paths: list[str] | None = None) -> None:
+    """Import the installed packages' `swift.plugins` entry points, then the given files."""
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.value in _loaded:
+            continue
+        try:
+            entry.load()
+        except Exception as e:
+            raise SwiftError(f"plugin entry point '{entry.name}' ({entry.value}) failed to load: "
+                             f"{type(e).__name__}: {e}") from None
+        _loaded.add(entry.value)
+    for path in paths or []:
+        import_file(path)

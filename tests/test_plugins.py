@@ -1,0 +1,101 @@
+"""The plugin contract: every example in examples/plugins/ registers through swift.plugin.register
+and is used by name in a real run; installed packages' entry points load too."""
+import json
+import math
+import os
+import re
+
+import pytest
+
+from swift.pipelines.rlhf import rlhf_main
+from swift.pipelines.train import sft_main
+from tests.conftest import ROOT, train_argv
+
+PLUGINS = os.path.join(ROOT, "examples", "plugins")
+
+
+def plugin(name):
+    return os.path.join(PLUGINS, f"{name}.py")
+
+
+def read(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_dataset_template_and_callback_plugins_in_one_sft_run(tmp_path, monkeypatch, tokenizer):
+    from swift.template import get_template
+
+    monkeypatch.setenv("STOP_AT_LOSS", "1000")  # the first logged loss is below it: the run stops there
+    sft_main(train_argv(tmp_path, "--dataset", "builtin:subtraction#16", "--template", "chatml_terse",
+                        "--callbacks", "stop_at_loss", "--max_steps", "4", "--external_plugins",
+                        plugin("dataset"), plugin("template"), plugin("callback")))
+    steps = [r["global_step"] for r in read(tmp_path / "logging.jsonl") if "loss" in r]
+    assert steps == [1]  # stopped by the callback, not by --max_steps 4
+    args = json.load(open(tmp_path / "args.json"))
+    assert args["template"] == "chatml_terse" and args["dataset"] == ["builtin:subtraction#16"]
+    text = tokenizer.decode(get_template("chatml_terse", tokenizer).encode_prompt(
+        [{"role": "user", "content": "50-8="}]))
+    assert "Answer with the result only." in text
+
+
+def test_an_unregistered_callback_or_plugin_kind_is_refused_in_one_line(tmp_path):
+    from swift.plugin import register
+    from swift.utils.registry import SwiftError
+
+    with pytest.raises(SwiftError, match="unknown callback 'stop_at_los'.*stop_at_loss"):
+        sft_main(train_argv(tmp_path, "--callbacks", "stop_at_los", "--external_plugins", plugin("callback")))
+    with pytest.raises(SwiftError, match="unknown plugin kind 'rewards'. Did you mean 'reward'"):
+        register("rewards", "x", object())
+    with pytest.raises(SwiftError, match="importing it failed: ZeroDivisionError"):
+        (tmp_path / "broken.py").write_text("1 / 0\n")
+        sft_main(train_argv(tmp_path, "--external_plugins", str(tmp_path / "broken.py")))
+
+
+@pytest.mark.parametrize("scheduler", ["env", "multi_turn"])
+def test_reward_env_and_scheduler_plugins_in_a_grpo_run(tmp_path, scheduler, quickstart):
+    """From the quickstart's sft model (it answers sums and stops): the example reward and the
+    TRL-style reward score what was generated (recomputed here from the logged completions); the
+    scheduler asks every trajectory a second time (two turns each); the environment ends a trajectory
+    at a right answer and retries a wrong one, its reward equal to the last answer's correctness."""
+    turns = ["--multi_turn_scheduler", "gym", "--gym_env", "retry_sum", "--reward_funcs", "gym_reward"] \
+        if scheduler == "env" else ["--multi_turn_scheduler", "are_you_sure"]
+    rlhf_main(train_argv(tmp_path, "--rlhf_type", "grpo", "--model", os.path.join(quickstart[1], "sft"),
+                         "--dataset", "builtin:arith-sft:eval#8", "--num_generations", "2",
+                         "--per_device_train_batch_size", "8", "--max_completion_length", "12", "--temperature", "1.0",
+                         "--max_steps", "1", "--log_completions", "true", "--max_turns", "2", *turns,
+                         "--reward_funcs", "last_number", f"{plugin('trl_reward')}:brevity",
+                         "--external_plugins", plugin("reward"), plugin(scheduler)))
+    rows = read(tmp_path / "completions.jsonl")
+    assert len(rows) == 8
+    right = []
+    for r in rows:
+        last = (re.findall(r"-?\d+", r["completion"]) or [None])[-1]
+        right.append(float(last is not None and last == str(sum(map(int, r["prompt"][-1]["content"].rstrip("=").split("+"))))))
+        assert r["rewards/last_number"] == right[-1]
+        assert 0 < r["rewards/brevity"] <= 1 and math.isfinite(r["reward"])
+        if scheduler == "env":
+            assert r["rewards/gym_reward"] == right[-1]
+    (log,) = [r for r in read(tmp_path / "logging.jsonl") if "loss" in r]
+    if scheduler == "multi_turn":
+        assert log["completions/mean_turns"] == 2
+    else:  # one turn for a right first answer, two otherwise
+        assert 1 < log["completions/mean_turns"] <= 2 or sum(right) == 8
+
+
+def test_an_installed_packages_entry_point_registers_its_names(tmp_path, monkeypatch):
+    """A package declaring `[swift.plugins]` in its entry points is imported by every command."""
+    from swift.plugin import load_plugins, registry
+
+    site = tmp_path / "site"
+    (site / "swift_demo_plugin-0.1.dist-info").mkdir(parents=True)
+    (site / "swift_demo_plugin-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: swift-demo-plugin\nVersion: 0.1\n")
+    (site / "swift_demo_plugin-0.1.dist-info" / "entry_points.txt").write_text(
+        "[swift.plugins]\ndemo = swift_demo_plugin\n")
+    (site / "swift_demo_plugin.py").write_text(
+        "from swift.plugin import register\nregister('reward', 'demo_constant', lambda completions, **kw: "
+        "[2.0] * len(completions))\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert "demo_constant" not in registry("reward")
+    load_plugins()
+    assert registry("reward").get("demo_constant")(["a", "b"]) == [2.0, 2.0]
