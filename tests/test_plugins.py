@@ -57,24 +57,25 @@ def test_reward_env_and_scheduler_plugins_in_a_grpo_run(tmp_path, scheduler, qui
     TRL-style reward score what was generated (recomputed here from the logged completions); the
     scheduler asks every trajectory a second time (two turns each); the environment ends a trajectory
     at a right answer and retries a wrong one, its reward equal to the last answer's correctness."""
-    turns = ["--multi_turn_scheduler", "gym", "--gym_env", "retry_sum", "--reward_funcs", "gym_reward"] \
-        if scheduler == "env" else ["--multi_turn_scheduler", "are_you_sure"]
+    turns = ["--multi_turn_scheduler", "gym", "--gym_env", "retry_sum"] if scheduler == "env" \
+        else ["--multi_turn_scheduler", "are_you_sure"]
+    rewards = ["last_number", f"{plugin('trl_reward')}:brevity"] + (["gym_reward"] if scheduler == "env" else [])
     rlhf_main(train_argv(tmp_path, "--rlhf_type", "grpo", "--model", os.path.join(quickstart[1], "sft"),
                          "--dataset", "builtin:arith-sft:eval#8", "--num_generations", "2",
-                         "--per_device_train_batch_size", "8", "--max_completion_length", "12", "--temperature", "1.0",
+                         "--per_device_train_batch_size", "8", "--max_completion_length", "48", "--temperature", "2.5",
                          "--max_steps", "1", "--log_completions", "true", "--max_turns", "2", *turns,
-                         "--reward_funcs", "last_number", f"{plugin('trl_reward')}:brevity",
-                         "--external_plugins", plugin("reward"), plugin(scheduler)))
+                         "--reward_funcs", *rewards, "--external_plugins", plugin("reward"), plugin(scheduler)))
     rows = read(tmp_path / "completions.jsonl")
     assert len(rows) == 8
     right = []
     for r in rows:
+        answer = str(sum(map(int, r["prompt"][-1]["content"].rstrip("=").split("+"))))
         last = (re.findall(r"-?\d+", r["completion"]) or [None])[-1]
-        right.append(float(last is not None and last == str(sum(map(int, r["prompt"][-1]["content"].rstrip("=").split("+"))))))
-        assert r["rewards/last_number"] == right[-1]
+        assert r["rewards/last_number"] == float(last == answer)
         assert 0 < r["rewards/brevity"] <= 1 and math.isfinite(r["reward"])
-        if scheduler == "env":
-            assert r["rewards/gym_reward"] == right[-1]
+        right.append(r["completion"].strip() == answer)  # the last answer (the environment's test)
+        if scheduler == "env":  # a right answer ends the episode with reward 1; two wrong ones get 0
+            assert r["rewards/gym_reward"] == float(right[-1])
     (log,) = [r for r in read(tmp_path / "logging.jsonl") if "loss" in r]
     if scheduler == "multi_turn":
         assert log["completions/mean_turns"] == 2
