@@ -74,7 +74,8 @@ def iter_rows(source: str, split: str, n: int | None) -> Iterator[tuple[str, dic
             seen.add(question)
             added += 1
             yield f"{source}:{split} row {len(seen)}", {
-                "messages": [{"role": "user", "content": question}], "solution": str(entry["answer"]),
+                "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": str(entry["answer"])}],
+                "solution": str(entry["answer"]),
                 "reasoning_gym_entry": json.dumps(entry, default=str)}
             if len(seen) == want:
                 return
