@@ -27,6 +27,7 @@ Kinds and what an entry is (examples/plugins/ has one file per kind):
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -66,6 +67,35 @@ def register(kind: str, name: str, obj: Any = None):
 
 
 _loaded: set[str] = set()
+
+
+# ms-swift plugin files import these from `swift.plugin` (ms-swift's module of the same name)
+_MS_SWIFT_NAMES = {"ORM": "swift.rewards.base", "AsyncORM": "swift.rewards.base", "orms": "swift.rewards.base",
+                   "MultiTurnScheduler": "swift.rollout.multi_turn", "multi_turns": "swift.rollout.multi_turn"}
+
+
+def __getattr__(name: str):
+    if name in _MS_SWIFT_NAMES:
+        return getattr(importlib.import_module(_MS_SWIFT_NAMES[name]), name)
+    raise AttributeError(f"module 'swift.plugin' has no attribute '{name}'")
+
+
+@contextlib.contextmanager
+def isolated():
+    """Plugins loaded inside leave nothing behind: registries, sys.path, sys.modules and the set of
+    loaded files are as before (a console checks a command line without running it)."""
+    saved = {kind: dict(registry(kind)._items) for kind in KINDS}
+    path, modules, loaded = list(sys.path), set(sys.modules), set(_loaded)
+    try:
+        yield
+    finally:
+        for kind, items in saved.items():
+            registry(kind)._items = items
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            del sys.modules[name]
+        _loaded.clear()
+        _loaded.update(loaded)
 
 
 def import_file(path: str, flag: str = "--external_plugins"):

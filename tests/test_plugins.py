@@ -100,3 +100,33 @@ def test_an_installed_packages_entry_point_registers_its_names(tmp_path, monkeyp
     assert "demo_constant" not in registry("reward")
     load_plugins()
     assert registry("reward").get("demo_constant")(["a", "b"]) == [2.0, 2.0]
+
+
+def test_an_ms_swift_plugin_file_imports_from_swift_plugin_as_in_ms_swift(tmp_path):
+    from swift.plugin import import_file, registry
+
+    (tmp_path / "ms_plugin.py").write_text(
+        "from swift.plugin import ORM, orms, MultiTurnScheduler, multi_turns\n"
+        "class Constant(ORM):\n    def __call__(self, completions, **kwargs):\n        return [3.0] * len(completions)\n"
+        "orms['ms_constant'] = Constant\n"
+        "class Once(MultiTurnScheduler):\n    pass\n"
+        "multi_turns['ms_once'] = Once\n")
+    import_file(str(tmp_path / "ms_plugin.py"))
+    assert registry("reward").get("ms_constant")()(["a"]) == [3.0] and "ms_once" in registry("multi_turn")
+
+
+def test_the_consoles_check_of_a_command_line_leaves_no_plugin_behind(tmp_path):
+    import sys
+
+    from swift.app.console import check
+    from swift.arguments.rlhf import RLHFArguments
+    from swift.plugin import registry
+    from swift.utils.registry import SwiftError
+
+    path = list(sys.path)
+    check("rlhf", RLHFArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft", "--rlhf_type", "grpo", "--loss_type", "vanilla_pg",
+                                  "--reward_funcs", "accuracy", "--external_plugins", plugin("loss_type")])
+    assert "vanilla_pg" not in registry("loss_type") and sys.path == path and "loss_type" not in sys.modules
+    with pytest.raises(SwiftError, match="unknown GRPO loss type 'vanilla_pg'"):
+        check("rlhf", RLHFArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft", "--rlhf_type", "grpo", "--loss_type",
+                                      "vanilla_pg", "--reward_funcs", "accuracy"])

@@ -68,14 +68,17 @@ def with_outputs(cls: type, argv: list[str], run_dir: str) -> list[str]:
 
 def check(command: str, cls: type, argv: list[str]) -> None:
     """The command's own parser and checks (one line on failure), with nothing left behind in this
-    process: some checks set environment variables that later launches would inherit."""
+    process: some checks set environment variables that later launches would inherit, and
+    --external_plugins files register names (undone by `isolated`)."""
     from swift.arguments.parser import parse_args
+    from swift.plugin import isolated
 
     if {"-h", "--help"} & set(argv):  # argparse would print and exit the console
         raise SwiftError(f"-h/--help: run `swift {command} --help` in a shell for every flag")
     environ = dict(os.environ)
     try:
-        parse_args(cls, argv, prog=f"swift {command}")
+        with isolated():
+            parse_args(cls, argv, prog=f"swift {command}")
     except SystemExit as e:  # any other way a parser may try to end the process
         raise SwiftError(f"the flags were refused (exit {e.code})") from None
     finally:

@@ -11,5 +11,6 @@ An ORM class is instantiated once (with the run's arguments) and called with the
 every dataset column by name; `None` in the returned list means "not applicable" for that row."""
 from swift.rewards.base import ORM, AsyncORM, orms
 from swift.rewards import builtin, safety  # noqa: F401  (registers the built-ins)
+from swift.dataset import reasoning_gym  # noqa: F401,E402  (its scorer: --reward_funcs reasoning_gym)
 
 __all__ = ["ORM", "AsyncORM", "orms"]

@@ -3,9 +3,10 @@
 A `--reward_funcs` entry is
   - a registered name (built in, or added by a plugin: swift.plugin.register("reward", ...)), called
     `f(completions, **columns)`;
-  - `module:attr` or `file.py:attr`: an ORM class is built and called as above; any other callable
-    is a TRL reward function, called TRL's way (`TRLReward`);
-  - `package.module.func` (TRL's CLI spelling): a TRL reward function;
+  - `module:attr`: a class (an ORM) is built with the run's arguments; a function is called as
+    above, `f(completions, **columns)`;
+  - `file.py:func` or `package.module.func` (TRL's CLI spelling): a TRL reward function, called
+    TRL's way (`TRLReward`); a class there is an ORM, as above;
   - a `.py` file in OpenRLHF's style defining `reward_func(queries, prompts, labels, **kwargs)`.
 verl's `--custom_reward_function_path FILE --custom_reward_function_name NAME` adds its
 `compute_score(data_source, solution_str, ground_truth, extra_info)` (`VerlReward`).
@@ -46,9 +47,15 @@ class OpenRLHFReward:
         return [float(r) for r in (rewards.tolist() if hasattr(rewards, "tolist") else rewards)]
 
 
+def _ignore(*args, **kwargs) -> None:
+    """TRL's log_extra/log_metric where nothing collects them (outside a trainer)."""
+
+
 class TRLReward:
     """A TRL reward function: called with keywords `prompts`, `completions`, `completion_ids` and every
-    other dataset column (TRL passes all but the prompt), plus `trainer_state` (None here). Prompts and
+    other dataset column (TRL passes all but the prompt), plus `trainer_state`, `log_metric(name, value)`
+    (logged with the step's metrics) and `log_extra(column, values)` (accepted; not written to
+    completions.jsonl) from the trainer (`RewardManager.context`). Prompts and
     completions are conversational (lists of {"role", "content"}) unless the dataset gave its prompt
     as text (TRL's standard format), in which case both are strings. Returns floats or None."""
 
@@ -59,7 +66,7 @@ class TRLReward:
             getattr(func, "__call__", None))
 
     def _arguments(self, completions, columns):
-        columns = dict(columns)
+        columns = {"trainer_state": None, "log_metric": _ignore, "log_extra": _ignore, **columns}
         messages = columns.pop("messages", None) or [[] for _ in completions]
         prompt_texts = columns.pop("prompt_texts", None)
         standard = columns.pop("prompt", None)  # the dataset's own text prompt, when it had one
@@ -70,7 +77,7 @@ class TRLReward:
             prompts = [list(m) for m in messages]
             outs = [[{"role": "assistant", "content": c}] for c in completions]
         del prompt_texts  # TRL gives the un-templated prompt, above
-        return dict(prompts=prompts, completions=outs, completion_ids=ids, trainer_state=None, **columns)
+        return dict(prompts=prompts, completions=outs, completion_ids=ids, **columns)
 
     def __call__(self, completions, **columns):
         if self.is_async:
@@ -134,8 +141,9 @@ def _resolve(name: str, args):
         if not hasattr(module, attr):
             raise SwiftError(f"--reward_funcs {name}: {path} defines no {attr}")
         return _trl_or_ours(getattr(module, attr), args, attr)
-    if colon:  # module:attr
-        return _trl_or_ours(orms.get(name), args, attr)
+    if colon:  # module:attr, ours (as before TRL's forms were read)
+        obj = orms.get(name)
+        return obj(args) if inspect.isclass(obj) else obj
     module, dot, attr = name.rpartition(".")
     if dot and module:  # TRL's dotted path: package.module.func
         try:
@@ -223,6 +231,10 @@ class RewardManager:
                              f"({', '.join(n for n, _ in funcs)})")
         self.funcs = funcs
         self.weights = weights or [1.0] * len(funcs)
+        self.context: dict[str, Any] = {}  # what TRL hands its reward functions besides the data (trainer_state, ...)
+
+    def _kwargs(self, func) -> dict[str, Any]:
+        return self.context if isinstance(func, TRLReward) else {}
 
     @property
     def names(self) -> list[str]:
@@ -234,7 +246,7 @@ class RewardManager:
         pending = []
         for i, (name, func) in enumerate(self.funcs):
             try:
-                result = func(completions, **columns)
+                result = func(completions, **columns, **self._kwargs(func))
             except Exception as e:  # a user's function failed: find and name the row
                 self._raise(name, func, completions, columns, e)
             if inspect.isawaitable(result):  # async functions: awaited together below
@@ -263,13 +275,12 @@ class RewardManager:
                              f"for {len(completions)} completions")
         return [float("nan") if v is None else float(v) for v in result]
 
-    @staticmethod
-    def _raise(name, func, completions, columns, error: BaseException):
+    def _raise(self, name, func, completions, columns, error: BaseException):
         """Re-run row by row to name the first failing row, then stop the run with one line."""
         for row in range(len(completions)):
             one = {k: v[row:row + 1] for k, v in columns.items()}
             try:
-                result = func(completions[row:row + 1], **one)
+                result = func(completions[row:row + 1], **one, **self._kwargs(func))
                 if inspect.isawaitable(result):
                     asyncio.run(result)
             except Exception as e:

@@ -73,7 +73,13 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
     try:
         for state in states:
             state.uid = uuid.uuid4().hex  # n copies of one request are n trajectories
-            scheduler.start(state)
+            try:
+                scheduler.start(state)
+            except Exception as e:  # noqa: BLE001 - this trajectory cannot start (e.g. its environment's reset
+                # failed now, though it passed when the data was checked): it gets no turn and no reward
+                logger.error(f"multi-turn scheduler {type(scheduler).__name__} could not start a trajectory; it is "
+                             f"left out: {type(e).__name__}: {e}", exc_info=e)
+                state.rollout_infos["rollout_error"] = type(e).__name__
         return _multi_turn(engine, template, states, config, scheduler, max_completion_length, control)
     finally:
         for state in states:
@@ -89,7 +95,7 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
     lps: list[list[float]] = [[] for _ in states]
     texts, truncated, turns = [""] * len(states), [False] * len(states), [0] * len(states)
     context = getattr(engine, "max_model_len", None)  # the engine's context, where it has one
-    active = list(range(len(states)))
+    active = [i for i, s in enumerate(states) if "rollout_error" not in s.rollout_infos]
     seed = config.seed
     while active:
         budget = {i: max_completion_length - (len(ids[i]) - prompt_len[i]) for i in active}

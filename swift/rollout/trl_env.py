@@ -93,6 +93,12 @@ class EnvironmentScheduler(MultiTurnScheduler):
             probe = factory()
             if not callable(getattr(probe, "reset", None)):
                 raise SwiftError(f"{FLAG}: {type(probe).__name__} defines no reset method")
+            asynchronous = [n for n, m in [*methods_of(probe).items(), ("reset", probe.reset),
+                                           ("get_reward", getattr(probe, "get_reward", None))]
+                            if inspect.iscoroutinefunction(m)]
+            if asynchronous:
+                raise SwiftError(f"{FLAG}: {type(probe).__name__}.{asynchronous[0]} is async; this version runs "
+                                 "environments' methods synchronously")
             self.tools[name] = schemas(probe)
             self.rewarded[name] = callable(getattr(probe, "get_reward", None))
         self._envs: dict[str, Any] = {}
@@ -117,7 +123,8 @@ class EnvironmentScheduler(MultiTurnScheduler):
     def _reset(self, infer_request):
         name, row = self._pick(infer_request.data_dict)
         env = self.factories[name]()
-        observation = env.reset(prompt=[dict(m) for m in infer_request.messages], **row)
+        row.setdefault("prompt", [dict(m) for m in infer_request.messages])  # TRL passes the example's own
+        observation = env.reset(**row)
         return name, env, observation
 
     def check_request(self, infer_request) -> None:

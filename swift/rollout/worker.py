@@ -19,7 +19,7 @@ from swift.rollout.weight_sync import WeightGroup, parse_dtype, unflatten
 from swift.serving.errors import internal_error
 from swift.serving.jobs import JobControl, JobStopped
 from swift.utils.logging import get_logger
-from swift.plugin import import_file
+from swift.plugin import load_plugins
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
@@ -41,8 +41,7 @@ class _Worker:
     """What one worker process does with each command."""
 
     def __init__(self, args, rank: int):
-        for path in args.external_plugins:
-            import_file(path)
+        load_plugins(args.external_plugins)  # spawned: the parent's imports are not here
         self.rank = rank
         self.engine = _build_engine(args, rank)
         self.scheduler = build_scheduler(args.multi_turn_scheduler, args.max_turns, env=args.gym_env)

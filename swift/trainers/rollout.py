@@ -141,6 +141,9 @@ class Rollout:
             columns[key] = [t.rollout_infos.get(key) for t in trajectories]
         columns["response_token_ids"] = [[t for t, m in zip(x.completion_ids, x.loss_mask) if m] for x in trajectories]
         columns["prompt_texts"] = [self.trainer.processing_class.decode(t.prompt_ids) for t in trajectories]
+        metrics = self.trainer._metrics["train"]
+        self.rewards.context = {"trainer_state": self.trainer.state,
+                                "log_metric": lambda name, value: metrics[name].append(float(value))}
         totals, per_func = self.rewards([t.text for t in trajectories], columns)
         return torch.tensor(totals, dtype=torch.float32), per_func  # NaN: no function scored the row
 

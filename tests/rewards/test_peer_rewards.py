@@ -18,10 +18,11 @@ def _record(name, **kw):
     with open(os.environ["REWARD_LOG"], "a") as f:
         f.write(json.dumps({"name": name, **kw}, default=str) + "\\n")
 
-def length_reward(prompts, completions, completion_ids, trainer_state=None, **kwargs):
+def length_reward(prompts, completions, completion_ids, trainer_state=None, log_metric=None, **kwargs):
     """TRL: one float per completion (None for the first: no reward for that row)."""
     _record("length_reward", prompts=prompts, completions=completions, completion_ids=completion_ids,
-            columns=sorted(kwargs))
+            columns=sorted(kwargs), step=trainer_state.global_step)
+    log_metric("length_reward_calls", 1.0)
     text = [c if isinstance(c, str) else c[0]["content"] for c in completions]
     return [None if i == 0 else float(len(t)) for i, t in enumerate(text)]
 
@@ -67,6 +68,9 @@ def test_trl_reward_on_a_standard_dataset_gets_text_prompts_and_completions(tmp_
     assert set(call["prompts"]) <= {r["prompt"] for r in rows} and len(call["prompts"]) == 4
     assert all(isinstance(c, str) for c in call["completions"])
     assert "solution" in call["columns"] and "messages" not in call["columns"] and "prompt" not in call["columns"]
+    assert call["step"] == 0 and "log_extra" in call["columns"]  # the trainer's state, TRL's logging hooks
+    (log,) = [r for r in map(json.loads, open(tmp_path / "out" / "logging.jsonl")) if "loss" in r]
+    assert log["length_reward_calls"] == 1.0
     logged = completions_of(tmp_path)
     assert sorted(r["completion"] for r in logged) == sorted(call["completions"])
     scores = [r["rewards/length_reward"] for r in logged]

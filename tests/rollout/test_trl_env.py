@@ -162,6 +162,10 @@ def test_environments_that_cannot_run_are_refused_in_one_line(tmp_path, env_file
         EnvironmentScheduler(2, environment_factory=[f"{path}:Undocumented"])
     with pytest.raises(SwiftError, match="defines no Missing"):
         EnvironmentScheduler(2, environment_factory=[f"{path}:Missing"])
+    (tmp_path / "async_env.py").write_text("class AsyncEnv:\n    def reset(self, **row):\n        return None\n"
+                                           "    async def get_reward(self):\n        return 1.0\n")
+    with pytest.raises(SwiftError, match="AsyncEnv.get_reward is async"):
+        EnvironmentScheduler(2, environment_factory=[f"{tmp_path}/async_env.py:AsyncEnv"])
     with pytest.raises(SwiftError, match="several environments need names"):
         EnvironmentScheduler(2, environment_factory=[f"{path}:ToolEnv", f"{path}:ToolEnv"])
     with pytest.raises(SwiftError, match="--environment_factory runs its environments in the trainer"):
@@ -181,5 +185,15 @@ def test_named_environments_are_picked_by_the_rows_environment_column(tmp_path, 
     request = RolloutInferRequest([{"role": "user", "content": "Add 1 and 2."}], {"environment": "tools"})
     scheduler.start(request)
     assert type(request.rollout_infos["environments"]).__name__ == "ToolEnv"
+    # a text-prompt row (TRL's standard format) passes its own prompt to reset, as TRL passes the example
+    (tmp_path / "echo_env.py").write_text("class EchoEnv:\n    def reset(self, prompt, **row):\n"
+                                          "        self.prompt, self.row = prompt, row\n")
+    echo = EnvironmentScheduler(2, environment_factory=[f"{tmp_path}/echo_env.py:EchoEnv"])
+    for data, prompt in (({"prompt": "Add 1 and 2.", "solution": "3"}, "Add 1 and 2."),
+                         ({"solution": "3"}, [{"role": "user", "content": "Add 1 and 2."}])):
+        request = RolloutInferRequest([{"role": "user", "content": "Add 1 and 2."}], data)
+        echo.start(request)
+        env = request.rollout_infos["environments"]
+        assert env.prompt == prompt and env.row == {"solution": "3"}
     with pytest.raises(SwiftError, match="the row's environment 'games' is none of tools"):
         scheduler.check_request(RolloutInferRequest([{"role": "user", "content": "x"}], {"environment": "games"}))
