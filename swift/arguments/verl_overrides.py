@@ -135,7 +135,8 @@ VERL: dict[str, Rule] = {
     "algorithm.gamma": _flag("gamma", "float", "ppo only (GAE)", ("ppo",)),
     "algorithm.lam": _flag("lam", "float", "ppo only (GAE)", ("ppo",)),
     "algorithm.kl_ctrl.kl_coef": _stage("kl_coef", "float", "`--beta` (ppo)",
-                                        "the KL in the reward; grpo refuses it (its KL is in the loss)"),
+                                        "the KL in the reward; as an override, only with use_kl_in_reward=true "
+                                        "(verl ignores it otherwise); grpo refuses it (its KL is in the loss)"),
     "algorithm.kl_ctrl.type": _stage("kl_ctrl_type", "str", "(none)",
                                      "fixed only: verl's adaptive controller steers the per-token mean KL, "
                                      "swift's (--kl_target, TRL's) the per-sequence sum"),
@@ -169,8 +170,10 @@ VERL: dict[str, Rule] = {
     A + "clip_ratio_high": _stage("clip_ratio_high", "float", "`--epsilon_high`"),
     A + "use_kl_loss": _stage("use_kl_loss", "bool", "`--beta` (grpo)",
                               "grpo: false → --beta 0; ppo: true refused (its KL is in the reward)"),
-    A + "kl_loss_coef": _stage("kl_loss_coef", "float", "`--beta` (grpo)"),
-    A + "kl_loss_type": _stage("kl_loss_type", "str", "`--kl_estimator` (grpo)", KL_TYPES + "; abs refused"),
+    A + "kl_loss_coef": _stage("kl_loss_coef", "float", "`--beta` (grpo)",
+                               "as an override, only with use_kl_loss=true (verl ignores it otherwise)"),
+    A + "kl_loss_type": _stage("kl_loss_type", "str", "`--kl_estimator` (grpo)",
+                               KL_TYPES + "; abs refused; as an override, only with use_kl_loss=true"),
     A + "entropy_coeff": Rule("float", _entropy, "(none)", "0 only: swift's loss has no entropy bonus"),
     A + "loss_agg_mode": Rule("str", _loss_agg, "`--loss_type`",
                               "token-mean → dapo, seq-mean-token-mean → grpo; seq-mean-token-sum(-norm) refused"),
@@ -318,6 +321,10 @@ def _settle_kl(t: Translation, ppo: bool) -> None:
                 raise refuse(at, f"does nothing with {on_at.split()[-1]}=false")
         t.set("beta", 0.0, on_at)
         return
+    switch = "algorithm.use_kl_in_reward" if ppo else "actor_rollout_ref.actor.use_kl_loss"
+    for value, at in ((coef, coef_at), (kind, kind_at)):
+        if on is None and value is not None and is_override(at):  # verl's default for the switch is false
+            raise refuse(at, f"does nothing in verl unless {switch}=true (its default is false); give both")
     if coef is not None:
         t.set("beta", coef, coef_at)
     if kind is not None:

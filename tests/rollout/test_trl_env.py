@@ -4,7 +4,6 @@ environment's methods give (transformers' get_json_schema: the prompt it will se
 environment's methods, their results come back as tool messages, and the environment's get_reward
 is a reward."""
 import json
-import os
 
 import pytest
 
