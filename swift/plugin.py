@@ -66,7 +66,7 @@ def register(kind: str, name: str, obj: Any = None):
     return registry(kind).register(name, obj)
 
 
-_loaded: set[str] = set()
+_loaded: dict[str, Any] = {}  # a file's real path, or an entry point's value -> its module
 
 
 # ms-swift plugin files import these from `swift.plugin` (ms-swift's module of the same name)
@@ -85,7 +85,7 @@ def isolated():
     """Plugins loaded inside leave nothing behind: registries, sys.path, sys.modules and the set of
     loaded files are as before (a console checks a command line without running it)."""
     saved = {kind: dict(registry(kind)._items) for kind in KINDS}
-    path, modules, loaded = list(sys.path), set(sys.modules), set(_loaded)
+    path, modules, loaded = list(sys.path), set(sys.modules), dict(_loaded)
     try:
         yield
     finally:
@@ -104,8 +104,8 @@ def import_file(path: str, flag: str = "--external_plugins"):
         raise SwiftError(f"{flag}: no such file {path}")
     key = os.path.realpath(path)
     name = os.path.splitext(os.path.basename(path))[0]
-    if key in _loaded and name in sys.modules:
-        return sys.modules[name]
+    if key in _loaded:  # this very file (two files of one name in different folders are two plugins)
+        return _loaded[key]
     folder = os.path.dirname(os.path.abspath(path))
     if folder not in sys.path:
         sys.path.insert(0, folder)
@@ -119,7 +119,7 @@ def import_file(path: str, flag: str = "--external_plugins"):
     except Exception as e:
         del sys.modules[name]
         raise SwiftError(f"{flag} {path}: importing it failed: {type(e).__name__}: {e}") from None
-    _loaded.add(key)
+    _loaded[key] = module
     return module
 
 
@@ -129,10 +129,10 @@ def load_plugins(paths: list[str] | None = None) -> None:
         if entry.value in _loaded:
             continue
         try:
-            entry.load()
+            module = entry.load()
         except Exception as e:
             raise SwiftError(f"plugin entry point '{entry.name}' ({entry.value}) failed to load: "
                              f"{type(e).__name__}: {e}") from None
-        _loaded.add(entry.value)
+        _loaded[entry.value] = module
     for path in paths or []:
         import_file(path)

@@ -130,3 +130,15 @@ def test_the_consoles_check_of_a_command_line_leaves_no_plugin_behind(tmp_path):
     with pytest.raises(SwiftError, match="unknown GRPO loss type 'vanilla_pg'"):
         check("rlhf", RLHFArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft", "--rlhf_type", "grpo", "--loss_type",
                                       "vanilla_pg", "--reward_funcs", "accuracy"])
+
+
+def test_two_plugin_files_of_one_name_in_different_folders_are_two_plugins(tmp_path):
+    from swift.rewards.manager import build_reward_funcs
+
+    for value in ("1", "2"):
+        (tmp_path / value).mkdir()
+        (tmp_path / value / "reward.py").write_text(
+            f"def reward_func(queries, prompts, labels, **kw):\n    return [{value}.0] * len(queries)\n")
+    funcs = build_reward_funcs([str(tmp_path / "1" / "reward.py"), str(tmp_path / "2" / "reward.py"),
+                                str(tmp_path / "1" / "reward.py")])
+    assert [f(["a"], prompt_texts=["p"]) for _, f in funcs] == [[1.0], [2.0], [1.0]]
