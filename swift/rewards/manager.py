@@ -56,8 +56,9 @@ class TRLReward:
     other dataset column (TRL passes all but the prompt), plus `trainer_state`, `log_metric(name, value)`
     (logged with the step's metrics) and `log_extra(column, values)` (accepted; not written to
     completions.jsonl) from the trainer (`RewardManager.context`). Prompts and
-    completions are conversational (lists of {"role", "content"}) unless the dataset gave its prompt
-    as text (TRL's standard format), in which case both are strings. Returns floats or None."""
+    completions are conversational (lists of {"role", "content"}: in a multi-turn rollout every
+    message after the prompt, tool messages included) unless the dataset gave its prompt as text
+    (TRL's standard format), in which case both are strings (the last answer). Returns floats or None."""
 
     def __init__(self, func: Callable, name: str):
         self.func = func
@@ -71,8 +72,13 @@ class TRLReward:
         prompt_texts = columns.pop("prompt_texts", None)
         standard = columns.pop("prompt", None)  # the dataset's own text prompt, when it had one
         ids = columns.pop("response_token_ids", None) or [[] for _ in completions]
+        trajectories = columns.pop("trajectory_messages", None)
         if standard is not None and all(isinstance(p, str) for p in standard):
             prompts, outs = list(standard), list(completions)
+        elif trajectories is not None and all(trajectories):  # as TRL: the prompt as generated from (an environment may have
+            # extended it) and every turn after it, tool calls and results included
+            prompts = [list(t[:len(m)]) for t, m in zip(trajectories, messages)]
+            outs = [list(t[len(m):]) for t, m in zip(trajectories, messages)]
         else:
             prompts = [list(m) for m in messages]
             outs = [[{"role": "assistant", "content": c}] for c in completions]

@@ -137,6 +137,7 @@ class Rollout:
         for key in rows[0]["columns"]:
             columns[key] = [r["columns"].get(key) for r in rows]
         columns["messages"] = [r["messages"] for r in rows]
+        columns["trajectory_messages"] = [t.messages for t in trajectories]  # the whole conversation, every turn
         for key in {k for t in trajectories for k in t.rollout_infos}:
             columns[key] = [t.rollout_infos.get(key) for t in trajectories]
         columns["response_token_ids"] = [[t for t, m in zip(x.completion_ids, x.loss_mask) if m] for x in trajectories]

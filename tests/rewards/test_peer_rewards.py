@@ -116,3 +116,22 @@ def test_peer_reward_names_that_do_not_resolve_say_so(tmp_path, recorder):
 
     with pytest.raises(SwiftError, match="defines no function nope"):
         build_reward_funcs([], Args())
+
+
+def test_trl_reward_sees_every_turn_of_a_multi_turn_trajectory():
+    """As TRL hands an environment rollout's completion: the messages after the prompt, tool calls
+    and results included; the prompt as generated from (an environment may have extended it)."""
+    from swift.rewards.manager import TRLReward
+
+    seen = {}
+
+    def reward(prompts, completions, **kwargs):
+        seen.update(prompts=prompts, completions=completions)
+        return [1.0]
+
+    prompt = [{"role": "user", "content": "Add 4 and 9."}]
+    turns = [{"role": "user", "content": "Add 4 and 9. (observation)"},
+             {"role": "assistant", "content": '<tool_call>{"name": "add", "arguments": {"a": 4, "b": 9}}</tool_call>'},
+             {"role": "tool", "name": "add", "content": "13"}, {"role": "assistant", "content": "13"}]
+    TRLReward(reward, "reward")(["13"], messages=[prompt], trajectory_messages=[turns], solution=["13"])
+    assert seen == {"prompts": [turns[:1]], "completions": [turns[1:]]}
