@@ -82,20 +82,22 @@ def __getattr__(name: str):
 
 @contextlib.contextmanager
 def isolated():
-    """Plugins loaded inside leave nothing behind: registries, sys.path, sys.modules and the set of
-    loaded files are as before (a console checks a command line without running it)."""
+    """Plugins loaded inside leave nothing behind: the registries, sys.path, and the plugin files'
+    own modules are as before (a console checks a command line without running it). Libraries the
+    check imported stay imported."""
     saved = {kind: dict(registry(kind)._items) for kind in KINDS}
-    path, modules, loaded = list(sys.path), set(sys.modules), dict(_loaded)
+    path, loaded = list(sys.path), dict(_loaded)
     try:
         yield
     finally:
         for kind, items in saved.items():
             registry(kind)._items = items
         sys.path[:] = path
-        for name in set(sys.modules) - modules:
-            del sys.modules[name]
-        _loaded.clear()
-        _loaded.update(loaded)
+        for key, module in list(_loaded.items()):
+            if key not in loaded:
+                if sys.modules.get(module.__name__) is module:
+                    del sys.modules[module.__name__]
+                del _loaded[key]
 
 
 def import_file(path: str, flag: str = "--external_plugins"):
