@@ -55,5 +55,10 @@ def test_the_carried_wheels_resolve_for_python_3_12_manylinux():
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     resolved = [line for line in out.stdout.splitlines() if line.startswith("resolved ")]
-    assert len(resolved) == 17 and "resolved deepspeed==0.19.8 (source archive)" in resolved, out.stdout
+    # the pinned packages; their own dependencies follow PyPI (pydantic's grew by one on 2026-11-28), so
+    # they are not counted
+    names = {line.split()[1].split("==")[0].lower().replace("_", "-") for line in resolved}
+    assert names >= {"transformers", "peft", "datasets", "math-verify", "trl", "liger-kernel", "bitsandbytes",
+                     "nanogcg", "deepspeed"}, out.stdout
+    assert "resolved deepspeed==0.19.8 (source archive)" in resolved, out.stdout
     assert any(line.startswith("resolved bitsandbytes==0.50.2 ") and "manylinux" in line for line in resolved)
