@@ -92,9 +92,10 @@ def fill_sft(driver, max_steps: int) -> None:
 
 
 def launch(driver) -> str:
+    before = text_of(driver, "sft-message")  # an earlier launch's message names its run: wait for a new one
     click(driver, "sft-launch")
-    message = wait_for(lambda: "sft-" in text_of(driver, "sft-message") and text_of(driver, "sft-message"),
-                       what="the launched run")
+    message = wait_for(lambda: "sft-" in text_of(driver, "sft-message") and text_of(driver, "sft-message") != before
+                       and text_of(driver, "sft-message"), what="the launched run")
     return message.split("`")[-2] if "`" in message else message.split()[-1]
 
 
