@@ -73,17 +73,25 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
     try:
         for state in states:
             state.uid = uuid.uuid4().hex  # n copies of one request are n trajectories
-            try:
-                scheduler.start(state)
-            except Exception as e:  # noqa: BLE001 - this trajectory cannot start (e.g. its environment's reset
-                # failed now, though it passed when the data was checked): it gets no turn and no reward
-                logger.error(f"multi-turn scheduler {type(scheduler).__name__} could not start a trajectory; it is "
-                             f"left out: {type(e).__name__}: {e}", exc_info=e)
-                state.rollout_infos["rollout_error"] = type(e).__name__
+        # a trajectory that cannot start (e.g. its environment's reset failed now, though it passed when the
+        # data was checked) gets no turn and no reward
+        _each_trajectory(scheduler.start, states, "start")
         return _multi_turn(engine, template, states, config, scheduler, max_completion_length, control)
     finally:
         for state in states:
             scheduler.release(state)
+
+
+def _each_trajectory(hook, states: list[RolloutInferRequest], what: str) -> None:
+    """A scheduler hook on every trajectory; one that fails marks that trajectory alone (rollout_error:
+    it gets no reward), as a failed step does."""
+    for state in states:
+        try:
+            hook(state)
+        except Exception as e:  # noqa: BLE001 - this trajectory only
+            logger.error(f"multi-turn scheduler {type(hook.__self__).__name__} failed to {what} a trajectory: "
+                         f"{type(e).__name__}: {e}", exc_info=e)
+            state.rollout_infos["rollout_error"] = type(e).__name__
 
 
 def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInferRequest], config: RequestConfig,
@@ -160,13 +168,7 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
                 continue
             still.append(i)
         active = still
-    for state in states:
-        try:
-            scheduler.finish(state)
-        except Exception as e:  # noqa: BLE001 - as a failed step: this trajectory only
-            logger.error(f"multi-turn scheduler {type(scheduler).__name__} failed to finish a trajectory: "
-                         f"{type(e).__name__}: {e}", exc_info=e)
-            state.rollout_infos["rollout_error"] = type(e).__name__
+    _each_trajectory(scheduler.finish, states, "finish")
     return [Trajectory(ids[i][:prompt_len[i]], ids[i][prompt_len[i]:], masks[i], texts[i], truncated[i],
                        states[i].messages, dict(states[i].rollout_infos), turns[i],
                        lps[i] if config.logprobs else None) for i in range(len(states))]
