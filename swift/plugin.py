@@ -125,6 +125,22 @@ def import_file(path: str, flag: str = "--external_plugins"):
     return module
 
 
+def load_attr(spec: str, flag: str, what: str = "function"):
+    """`file.py:NAME`, `module:NAME` or `package.module.NAME` -> that object (a flag's argument)."""
+    target, colon, attr = spec.rpartition(":")
+    if not colon:
+        target, _, attr = spec.rpartition(".")
+    if not target or not attr:
+        raise SwiftError(f"{flag} {spec}: expected file.py:{what}, module:{what} or package.module.{what}")
+    try:
+        module = import_file(target, flag) if target.endswith(".py") else importlib.import_module(target)
+    except ImportError as e:
+        raise SwiftError(f"{flag} {spec}: cannot import it: {e}") from None
+    if not callable(getattr(module, attr, None)):
+        raise SwiftError(f"{flag} {spec}: {target} defines no {attr}")
+    return getattr(module, attr)
+
+
 def load_plugins(paths: list[str] | None = None) -> None:
     """Import the installed packages' `swift.plugins` entry points, then the given files."""
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):

@@ -333,6 +333,13 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
                 raise SwiftError(f"--environment_factory drives the multi-turn rollout itself; drop "
                                  f"--multi_turn_scheduler {self.multi_turn_scheduler}")
             self.multi_turn_scheduler = "trl_environment"
+        if self.rollout_func:
+            if self.server_mode or self.use_vllm:
+                raise SwiftError("--rollout_func generates in the trainer's processes in place of the engine: drop "
+                                 "--use_vllm / --vllm_mode server / --rollout_mode server")
+            if self.multi_turn_scheduler or self.async_generate:
+                raise SwiftError(f"--rollout_func replaces the whole rollout; drop "
+                                 f"{'--async_generate' if self.async_generate else '--multi_turn_scheduler / --environment_factory'}")
         if self.server_mode and self.multi_turn_scheduler:
             raise SwiftError("--multi_turn_scheduler runs on the rollout server in server mode: pass it to "
                              "`swift rollout` instead of the trainer")

@@ -108,6 +108,10 @@ class OnlineFlags:
                 "add to the prompt and whose public methods are the tools of a multi-turn rollout (get_reward(), if "
                 "defined, is one more reward); several as NAME=file.py:Class, picked by each row's `environment` "
                 "column. Colocated engines only."})
+    rollout_func: str | None = field(default=None, metadata={
+        "help": "grpo/ppo: TRL's rollout_func: file.py:func (or module:func, package.module.func) called as "
+                "func(prompts, trainer) in place of the engine, returning prompt_ids, completion_ids, logprobs, "
+                "optionally env_mask, and extra per-row keys handed to the reward functions. Colocated runs."})
     custom_reward_function_path: str | None = field(default=None, metadata={
         "help": "grpo/ppo/harmless: verl's custom reward: a .py file whose function (--custom_reward_function_name, "
                 "default compute_score) is called compute_score(data_source, solution_str, ground_truth, "

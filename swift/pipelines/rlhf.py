@@ -138,7 +138,7 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
 
 
 @functools.lru_cache(maxsize=4)
-def _scheduler(name: str, max_turns: int | None, env: str | None, environment_factory: tuple = ()):
+def _scheduler(name: str | None, max_turns: int | None, env: str | None, environment_factory: tuple = ()):
     from swift.rollout.multi_turn import build_scheduler
 
     return build_scheduler(name, max_turns, env=env, environment_factory=list(environment_factory))
@@ -260,15 +260,14 @@ class RLHFPipeline(TrainPipeline):
 
     def _rollout_parts(self, model) -> dict[str, Any]:
         from swift.rewards.manager import RewardManager, build_reward_funcs
-        from swift.rollout.multi_turn import build_scheduler
         from swift.rollout.trl_env import environment_rewards
 
         a = self.args
         if a.per_device_train_batch_size % a.num_generations:
             raise SwiftError(f"--per_device_train_batch_size ({a.per_device_train_batch_size}) counts completions and "
                              f"must be a multiple of --num_generations ({a.num_generations})")
-        scheduler = build_scheduler(a.multi_turn_scheduler, a.max_turns, env=a.gym_env,
-                                    environment_factory=a.environment_factory)
+        # the one the rows were checked with (an environment pool is not built twice)
+        scheduler = _scheduler(a.multi_turn_scheduler, a.max_turns, a.gym_env, tuple(a.environment_factory))
         funcs = build_reward_funcs(a.reward_funcs, a.rlhf_args, a.reward_model, a.reward_model_url,
                                    process=bool(a.prm_model),
                                    extra=environment_rewards(scheduler))

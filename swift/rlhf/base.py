@@ -50,7 +50,7 @@ REFERENCE_FLAGS = frozenset({"ref_model", "ref_adapters"})
 SAMPLING_FLAGS = frozenset({"max_completion_length", "temperature", "top_p", "top_k", "repetition_penalty"})
 ROLLOUT_FLAGS = COMMON_FLAGS | REFERENCE_FLAGS | SAMPLING_FLAGS | frozenset({
     "beta", "loss_type", "num_generations", "reward_funcs", "reward_weights", "reward_model", "prm_model",
-    "custom_reward_function_path", "custom_reward_function_name", "environment_factory",
+    "custom_reward_function_path", "custom_reward_function_name", "environment_factory", "rollout_func",
     "reward_model_url", "step_separator", "epsilon", "epsilon_high", "delta", "tau_pos", "tau_neg", "num_iterations",
     "steps_per_generation", "generation_batch_size", "advantage_estimator", "importance_sampling_level",
     "kl_estimator", "top_entropy_quantile", "overlong_filter", "soft_max_length", "soft_cache_length",

@@ -3,7 +3,8 @@
 An environment class (TRL 1.x's contract) has `reset(**row)`, which may return a string that is
 appended to the last user message, and public methods with type hints and Google-style docstrings,
 which become the tools of the prompt (their JSON schemas, as transformers' `get_json_schema` makes
-them, rendered by the chat template). Each trajectory gets its own instance. After every answer,
+them, rendered by the chat template). Each trajectory has an instance to itself, taken from a pool
+(as TRL pools them) and reset for it; methods may be async (one event loop runs them). After every answer,
 the `<tool_call>` blocks in it are parsed; each call runs the method with its arguments and its
 result (or `{'error': ...}` when it raised, as TRL) is appended as a `tool` message; an answer
 without a call ends the trajectory (as does the length limit or `--max_turns`). Tokens of tool
@@ -16,35 +17,19 @@ column picks one (and is not passed to `reset`), as TRL's dict form.
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
+import threading
 from typing import Any, Callable
 
-from swift.plugin import import_file, register
+from swift.plugin import load_attr, register
 from swift.rollout.multi_turn import MultiTurnScheduler
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 FLAG = "--environment_factory"
-
-
-def _load(path: str) -> Callable:
-    """`file.py:Class`, `module:Class` or `package.module.Class`."""
-    import importlib
-
-    target, colon, attr = path.rpartition(":")
-    if not colon:
-        target, _, attr = path.rpartition(".")
-    if not target or not attr:
-        raise SwiftError(f"{FLAG} {path}: expected file.py:Class, module:Class or package.module.Class")
-    try:
-        module = import_file(target, FLAG) if target.endswith(".py") else importlib.import_module(target)
-    except ImportError as e:
-        raise SwiftError(f"{FLAG} {path}: cannot import it: {e}") from None
-    if not callable(getattr(module, attr, None)):
-        raise SwiftError(f"{FLAG} {path}: {target} defines no {attr}")
-    return getattr(module, attr)
 
 
 def load_factories(specs: list[str] | str) -> dict[str | None, Callable]:
@@ -57,8 +42,8 @@ def load_factories(specs: list[str] | str) -> dict[str | None, Callable]:
         if len(specs) > 1:
             raise SwiftError(f"{FLAG}: several environments need names: NAME=file.py:Class (a row's `environment` "
                              "column picks one)")
-        return {None: _load(specs[0])}
-    return {name: _load(path) for name, _, path in (s.partition("=") for s in specs)}
+        return {None: load_attr(specs[0], FLAG, "Class")}
+    return {name: load_attr(path, FLAG, "Class") for name, _, path in (s.partition("=") for s in specs)}
 
 
 def methods_of(env) -> dict[str, Callable]:
@@ -80,6 +65,26 @@ def schemas(env) -> list[dict]:
     return out
 
 
+class _Loop:
+    """One event loop on a thread of its own for environments' async methods (TRL accepts them; an
+    OpenEnv client's are), so a connection an instance opens stays on the loop it was opened on."""
+
+    def __init__(self):
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, value):
+        if not inspect.isawaitable(value):
+            return value
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="environments", daemon=True).start()
+
+        async def wait():
+            return await value
+
+        return asyncio.run_coroutine_threadsafe(wait(), self.loop).result()
+
+
 @register("multi_turn", "trl_environment")
 class EnvironmentScheduler(MultiTurnScheduler):
     def __init__(self, max_turns: int | None = None, *args, environment_factory=None, **kwargs):
@@ -89,19 +94,16 @@ class EnvironmentScheduler(MultiTurnScheduler):
         self.factories = load_factories(environment_factory)
         self.tools: dict[str | None, list[dict]] = {}
         self.rewarded: dict[str | None, bool] = {}
+        self._loop = _Loop()
+        self._idle: dict[str | None, list] = {name: [] for name in self.factories}  # instances to reuse
         for name, factory in self.factories.items():  # probe one of each: reset, tools, reward
             probe = factory()
             if not callable(getattr(probe, "reset", None)):
                 raise SwiftError(f"{FLAG}: {type(probe).__name__} defines no reset method")
-            asynchronous = [n for n, m in [*methods_of(probe).items(), ("reset", probe.reset),
-                                           ("get_reward", getattr(probe, "get_reward", None))]
-                            if inspect.iscoroutinefunction(m)]
-            if asynchronous:
-                raise SwiftError(f"{FLAG}: {type(probe).__name__}.{asynchronous[0]} is async; this version runs "
-                                 "environments' methods synchronously")
             self.tools[name] = schemas(probe)
             self.rewarded[name] = callable(getattr(probe, "get_reward", None))
-        self._envs: dict[str, Any] = {}
+            self._idle[name].append(probe)
+        self._envs: dict[str, tuple[str | None, Any]] = {}
 
     def reward_names(self) -> list[str]:
         """One reward per environment class that defines get_reward (TRL: named after the class)."""
@@ -121,23 +123,29 @@ class EnvironmentScheduler(MultiTurnScheduler):
         return name, {k: v for k, v in data_dict.items() if k != "environment"}
 
     def _reset(self, infer_request):
+        """An instance of the row's environment (a pooled one, as TRL reuses them), reset to the row."""
         name, row = self._pick(infer_request.data_dict)
-        env = self.factories[name]()
+        env = self._idle[name].pop() if self._idle[name] else self.factories[name]()
         row.setdefault("prompt", [dict(m) for m in infer_request.messages])  # TRL passes the example's own
-        observation = env.reset(**row)
+        try:
+            observation = self._loop.run(env.reset(**row))
+        except BaseException:
+            self._idle[name].append(env)
+            raise
         return name, env, observation
 
     def check_request(self, infer_request) -> None:
-        self._reset(infer_request)  # a row the environment cannot start from is dropped before training
+        name, env, _ = self._reset(infer_request)  # a row the environment cannot start from is dropped
+        self._idle[name].append(env)
 
     def start(self, infer_request) -> None:
         name, env, observation = self._reset(infer_request)
+        self._envs[infer_request.uid] = name, env
         if observation is not None:
             last = infer_request.messages[-1]
             infer_request.messages[-1] = {**last, "content": last["content"] + str(observation)}
         infer_request.tools = self.tools[name] or None
         infer_request.rollout_infos["environments"] = env
-        self._envs[infer_request.uid] = env
 
     @staticmethod
     def _calls(infer_request) -> list[dict]:
@@ -151,26 +159,30 @@ class EnvironmentScheduler(MultiTurnScheduler):
         return bool(self.max_turns) and current_turn >= self.max_turns
 
     def step(self, infer_request, response_choice, current_turn):
-        env = self._envs[infer_request.uid]
+        env = self._envs[infer_request.uid][1]
         tools = methods_of(env)
         for call in self._calls(infer_request):
             name = call["function"]["name"]
             try:
                 if name not in tools:
                     raise ValueError(f"Tool {name} not found.")
-                result = tools[name](**json.loads(call["function"]["arguments"]))
+                result = self._loop.run(tools[name](**json.loads(call["function"]["arguments"])))
             except Exception as e:  # the model's bad call is the environment's answer, as in TRL
                 result = {"error": str(e)}
             infer_request.messages.append({"role": "tool", "name": name, "content": str(result)})
         return {"infer_request": infer_request}
 
     def finish(self, infer_request) -> None:
-        env = self._envs.get(infer_request.uid)
+        _, env = self._envs.get(infer_request.uid, (None, None))
         if env is not None and callable(getattr(env, "get_reward", None)):
-            infer_request.rollout_infos[f"environment_reward/{type(env).__name__}"] = float(env.get_reward())
+            reward = float(self._loop.run(env.get_reward()))
+            infer_request.rollout_infos[f"environment_reward/{type(env).__name__}"] = reward
 
     def release(self, infer_request) -> None:
-        self._envs.pop(infer_request.uid, None)
+        """The trajectory's instance goes back to the pool (reset again before its next trajectory)."""
+        name, env = self._envs.pop(infer_request.uid, (None, None))
+        if env is not None:
+            self._idle[name].append(env)
 
 
 class EnvironmentReward:

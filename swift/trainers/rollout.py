@@ -19,6 +19,7 @@ from swift.rewards.process import process_advantages
 from swift.rlhf.grpo import compute_advantages
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
+from swift.rollout.trl_rollout_func import RolloutFunc
 from swift.trainers.completion_logps import tensorize
 from swift.trainers.rollout_metrics import eval_metrics, rollout_metrics, write_completions
 from swift.trainers.zero3 import gathered_buckets, sharded
@@ -64,6 +65,7 @@ class Rollout:
         self.process_rewards = process_rewards  # swift.rewards.process.ProcessRewardModel, or None
         self.scheduler = scheduler
         self.n = self.a.num_generations
+        self.rollout_func = RolloutFunc(self.a.rollout_func, trainer) if getattr(self.a, "rollout_func", None) else None
         self._synced_step: int | None = None
         self._completions_path = os.path.join(self.args.output_dir, "completions.jsonl")
 
@@ -108,6 +110,8 @@ class Rollout:
         requests = [RolloutInferRequest(messages=list(p["messages"]), data_dict=p["columns"]) for p in prompts]
 
         def run():
+            if self.rollout_func is not None:  # TRL's rollout_func in place of the engine
+                return self.rollout_func(requests, n)
             return rollout(self.engine, self.trainer.template, requests, self.request_config(seed), n,
                            scheduler=self.scheduler, max_completion_length=self.a.max_completion_length)
 

@@ -161,10 +161,6 @@ def test_environments_that_cannot_run_are_refused_in_one_line(tmp_path, env_file
         EnvironmentScheduler(2, environment_factory=[f"{path}:Undocumented"])
     with pytest.raises(SwiftError, match="defines no Missing"):
         EnvironmentScheduler(2, environment_factory=[f"{path}:Missing"])
-    (tmp_path / "async_env.py").write_text("class AsyncEnv:\n    def reset(self, **row):\n        return None\n"
-                                           "    async def get_reward(self):\n        return 1.0\n")
-    with pytest.raises(SwiftError, match="AsyncEnv.get_reward is async"):
-        EnvironmentScheduler(2, environment_factory=[f"{tmp_path}/async_env.py:AsyncEnv"])
     with pytest.raises(SwiftError, match="several environments need names"):
         EnvironmentScheduler(2, environment_factory=[f"{path}:ToolEnv", f"{path}:ToolEnv"])
     with pytest.raises(SwiftError, match="--environment_factory runs its environments in the trainer"):
@@ -196,3 +192,153 @@ def test_named_environments_are_picked_by_the_rows_environment_column(tmp_path, 
         assert env.prompt == prompt and env.row == {"solution": "3"}
     with pytest.raises(SwiftError, match="the row's environment 'games' is none of tools"):
         scheduler.check_request(RolloutInferRequest([{"role": "user", "content": "x"}], {"environment": "games"}))
+
+
+# An OpenEnv environment (openenv-core, its documented server/client format) serving the same two
+# tools, and an environment_factory class wrapping its async client, as TRL's OpenEnv examples wrap
+# theirs. The server allows 8 sessions: the run's 8 trajectories fit only because instances are
+# reused (TRL pools them), not made anew for each check and trajectory.
+OPENENV = '''
+import json, os
+from typing import Any, Optional
+
+from openenv.core import EnvClient
+from openenv.core.client_types import StepResult
+from openenv.core.env_server import Action, Environment, Observation, State, create_app
+
+
+class ToolAction(Action):
+    tool: str
+    arguments: dict
+
+
+class ToolObservation(Observation):
+    result: str = ""
+
+
+class ToolServer(Environment[ToolAction, ToolObservation, State]):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self):
+        super().__init__()
+        self._state, self.question, self.calls = State(), "", 0
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, question: str = "", **kw: Any):
+        self._state, self.question, self.calls = State(episode_id=episode_id), question, 0
+        return ToolObservation(result="")
+
+    def step(self, action: ToolAction, timeout_s: Optional[float] = None, **kw: Any):
+        self.calls += 1
+        with open(os.environ["ENV_LOG"], "a") as f:
+            f.write(json.dumps({"question": self.question, "name": action.tool, "arguments": action.arguments}) + "\\n")
+        a = action.arguments
+        result = f"Sunny in {a['city']}" if action.tool == "get_weather" else str(a["a"] + a["b"])
+        return ToolObservation(result=result, reward=float(self.calls))
+
+    @property
+    def state(self):
+        return self._state
+
+
+app = create_app(ToolServer, ToolAction, ToolObservation, env_name="tools", max_concurrent_envs=8)
+
+
+class ToolClient(EnvClient[ToolAction, ToolObservation, State]):
+    def _step_payload(self, action):
+        return action.model_dump()
+
+    def _parse_result(self, payload):
+        obs = ToolObservation(**payload.get("observation", {}), reward=payload.get("reward"), done=payload["done"])
+        return StepResult(observation=obs, reward=payload.get("reward"), done=payload["done"])
+
+    def _parse_state(self, payload):
+        return State(**payload)
+
+
+class OpenEnvTools:
+    """TRL's environment_factory class around the OpenEnv client (its methods are async)."""
+
+    def __init__(self):
+        self.client = ToolClient(base_url=os.environ["OPENENV_URL"])
+        self.reward, self.connected = 0.0, False
+
+    async def reset(self, prompt=None, **row):
+        if not self.connected:
+            await self.client.connect()
+            self.connected = True
+        await self.client.reset(question=prompt[-1]["content"])
+        self.reward = 0.0
+
+    async def get_weather(self, city: str) -> str:
+        """Weather of a city.
+
+        Args:
+            city: The city.
+        """
+        return await self._call("get_weather", city=city)
+
+    async def add(self, a: int, b: int) -> int:
+        """Sum of two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return int(await self._call("add", a=a, b=b))
+
+    async def _call(self, tool, **arguments):
+        result = await self.client.step(ToolAction(tool=tool, arguments=arguments))
+        self.reward = float(result.reward)
+        return result.observation.result
+
+    def get_reward(self):
+        return self.reward
+'''
+
+
+@pytest.fixture
+def openenv_server(tmp_path, monkeypatch):
+    import importlib.util
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    import uvicorn
+
+    path = tmp_path / "openenv_tools.py"
+    path.write_text(OPENENV)
+    spec = importlib.util.spec_from_file_location("openenv_tools_server", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(module.app, host="127.0.0.1", port=port, log_level="warning",
+                                           ws="websockets"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.05)
+    monkeypatch.setenv("OPENENV_URL", url)
+    yield path
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_an_openenv_environment_drives_the_rollout_through_its_client(tmp_path, tool_model, env_file, openenv_server):
+    _, data = env_file
+    rows, (log,) = run(tmp_path, tool_model, data, "--environment_factory", f"{openenv_server}:OpenEnvTools")
+    calls = [json.loads(line) for line in open(tmp_path / "calls.jsonl")]  # written by the OpenEnv server
+    for call in calls:
+        assert call["name"] == ("get_weather" if "weather" in call["question"] else "add")
+    assert {c["question"] for c in calls} == set(QUESTIONS)
+    per_question = {q: sum(c["question"] == q for c in calls) for q in QUESTIONS}
+    for r in rows:  # the server's reward (its count of the episode's calls), through get_reward
+        assert r["rewards/OpenEnvTools"] == per_question[r["prompt"][-1]["content"]] / 2
+    assert log["completions/mean_turns"] == 2
