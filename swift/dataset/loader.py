@@ -42,7 +42,7 @@ class DatasetSpec:
             if not count.isdigit() or int(count) == 0:
                 raise SwiftError(f"dataset spec '{spec}': the part after '#' must be a positive row count")
             n = int(count)
-        prefix = next((p for p in ("builtin:", "reasoning_gym:") if source.startswith(p)), "")
+        prefix = next((p for p in ("builtin:", "reasoning_gym:", "verifiers:") if source.startswith(p)), "")
         rest = source[len(prefix):]
         subset = None
         if not os.path.exists(rest) and ":" in rest:
@@ -157,6 +157,14 @@ def iter_raw(spec: DatasetSpec, use_hf: bool = False) -> Iterator[tuple[str, Any
         if split not in SPLITS:
             raise SwiftError(f"dataset '{spec.source}': subset '{split}' is not one of {', '.join(SPLITS)}")
         yield from reasoning_gym.iter_rows(spec.source, split, spec.n)
+        return
+    if spec.source.startswith("verifiers:"):
+        from swift.rollout import verifiers_env
+
+        split = spec.subset or "train"
+        if split not in SPLITS:
+            raise SwiftError(f"dataset '{spec.source}': subset '{split}' is not one of {', '.join(SPLITS)}")
+        yield from verifiers_env.iter_rows(spec.source, split, spec.n)
         return
     if os.path.isfile(spec.source):
         files = [spec.source]

@@ -124,6 +124,8 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
         raise RowError("online RL does not pass a row's tools to the rollout yet; remove the tools column")
     template.encode_prompt(messages)  # fail here, with the row, if the prompt cannot be rendered
     columns = {k: v for k, v in row.items() if k != "messages"}
+    if a is not None and "verifiers" in a.reward_funcs and not row.get("verifiers_env"):
+        raise RowError("--reward_funcs verifiers scores rows of --dataset verifiers:<env> (their environment's rubric)")
     if a is not None and a.multi_turn_scheduler:  # and if the environment cannot start from it
         from swift.rollout.multi_turn import RolloutInferRequest
 

@@ -20,6 +20,7 @@ from swift.rlhf.grpo import compute_advantages
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
 from swift.rollout.trl_rollout_func import RolloutFunc
+from swift.rollout.verifiers_env import VerifiersRollout, uses_verifiers
 from swift.trainers.completion_logps import tensorize
 from swift.trainers.rollout_metrics import eval_metrics, rollout_metrics, write_completions
 from swift.trainers.zero3 import gathered_buckets, sharded
@@ -112,6 +113,9 @@ class Rollout:
         def run():
             if self.rollout_func is not None:  # TRL's rollout_func in place of the engine
                 return self.rollout_func(requests, n)
+            if uses_verifiers(requests):  # the rows' verifiers environment runs its own rollout loop
+                return VerifiersRollout(self.engine, self.trainer.template, self.request_config(seed),
+                                        self.a.max_completion_length)(requests, n)
             return rollout(self.engine, self.trainer.template, requests, self.request_config(seed), n,
                            scheduler=self.scheduler, max_completion_length=self.a.max_completion_length)
 
