@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -175,11 +176,60 @@ def load_benchmarks(a: EvalArguments) -> dict[str, tuple]:
 
     loaded = {}
     for name in a.eval_dataset:
+        if name.startswith("verifiers:"):
+            loaded[name] = _verifiers_rows(a, name)
+            continue
         loaded[name] = load_questions(name, args=a.eval_args.dataset_args.get(name), use_hf=a.use_hf,
                                       limit=a.eval_limit, strict=a.strict)
         if loaded[name][2]:
             logger.warning(f"{name}: dropped {len(loaded[name][2])} rows (first: {loaded[name][2][0]})")
     return loaded
+
+
+def _verifiers_rows(a: EvalArguments, name: str) -> tuple:
+    """A verifiers environment's eval rows (`verifiers:<env>[?kwargs][:train|eval][#N]`)."""
+    from swift.dataset.loader import DatasetSpec
+    from swift.rollout import verifiers_env
+
+    if a.eval_url:
+        raise SwiftError(f"--eval_dataset {name}: a verifiers environment runs its rollouts with a local model "
+                         "(--model), not through --eval_url")
+    spec = DatasetSpec.parse(name)
+    n = min(x for x in (spec.n, a.eval_limit) if x) if spec.n or a.eval_limit else None
+    if spec.subset not in (None, "train", "eval"):
+        raise SwiftError(f"--eval_dataset {name}: subset '{spec.subset}' is not one of train, eval")
+    rows = [row for _, row in verifiers_env.iter_rows(spec.source, spec.subset or "eval", n)]
+    return "verifiers", rows, []
+
+
+def evaluate_verifiers(engine, name: str, rows: list[dict], config) -> tuple[list[dict], dict]:
+    """Each row through its environment's own rollout (`config.n` per row, `max_tokens` the budget of
+    every token after the prompt); scores are the rubric's totals."""
+    from dataclasses import replace
+
+    from swift.rollout.multi_turn import RolloutInferRequest
+    from swift.rollout.verifiers_env import VerifiersRollout
+
+    requests = [RolloutInferRequest(list(r["messages"]), {k: v for k, v in r.items() if k != "messages"}) for r in rows]
+    trajectories = VerifiersRollout(engine, engine.template, replace(config, n=1), config.max_tokens)(requests, config.n)
+    out, scores, functions = [], [], {}
+    for i, row in enumerate(rows):
+        group = trajectories[i * config.n:(i + 1) * config.n]
+        values = [t.rollout_infos.get("verifiers_reward") for t in group]
+        scores.append([0.0 if v is None else v for v in values])
+        for t in group:
+            for key, value in t.rollout_infos.items():
+                if key.startswith("verifiers/"):
+                    functions.setdefault(key, []).append(value)
+        out.append({"id": i, "origin": f"{name} row {i + 1}", "prompt": row["messages"], "gold": row.get("solution"),
+                    "responses": [t.text for t in group], "completions": [t.messages[len(row["messages"]):] for t in group],
+                    "scores": scores[-1], **({"errors": [t.rollout_infos["rollout_error"] for t in group
+                                                         if "rollout_error" in t.rollout_infos]}
+                                             if any("rollout_error" in t.rollout_infos for t in group) else {})})
+    flat = [v for row in scores for v in row]
+    summary = {"score": sum(flat) / max(len(flat), 1),
+               **{k: sum(v) / len(v) for k, v in sorted(functions.items())}}
+    return out, summary
 
 
 def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str, tuple], out_dir: str) -> dict:
@@ -195,6 +245,16 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
         engine.omit_max_tokens = not explicit
     results, files = {}, set()
     for name, (bench, questions, dropped) in benchmarks.items():
+        if bench == "verifiers":
+            started = time.perf_counter()
+            rows, summary = evaluate_verifiers(engine, name, questions, config)
+            stem = _stem(name, files)
+            write_jsonl(os.path.join(out_dir, f"{stem}.jsonl"), rows)
+            results[name] = {"benchmark": "verifiers", "kind": "rubric", "file": f"{stem}.jsonl",
+                             "num_questions": len(rows), "num_samples": config.n, "dropped_rows": 0,
+                             "errors": sum(len(r.get("errors", [])) for r in rows),
+                             "seconds": round(time.perf_counter() - started, 3), **summary}
+            continue
         requests = [InferRequest(messages=q.messages, adapter=adapter) for q in questions]
         started = time.perf_counter()
         responses = generate(engine, requests, config, explicit, desc=f"eval {name}", fit=fit)
@@ -209,10 +269,7 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
             rows.append({"id": q.id, "origin": q.origin, "prompt": q.messages, "gold": q.gold,
                          "responses": texts, "extracted": [extract(bench.kind, t, **q.extra) for t in texts],
                          "scores": sample_scores, **({"error": str(response)} if failed else {})})
-        stem, k = _safe(name), 1
-        while stem in files:  # two files of the same name from different directories
-            stem, k = f"{_safe(name)}-{k}", k + 1
-        files.add(stem)
+        stem = _stem(name, files)
         write_jsonl(os.path.join(out_dir, f"{stem}.jsonl"), rows)
         results[name] = {"benchmark": bench.name, "kind": bench.kind, "file": f"{stem}.jsonl",
                          "num_questions": len(questions),
@@ -222,6 +279,16 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
             first = next(r["error"] for r in rows if "error" in r)
             logger.warning(f"{name}: {errors} questions failed and score 0 (first: {first})")
     return results
+
+
+def _stem(name: str, files: set) -> str:
+    """The per-sample file's name: two of the same name (from different directories) get -1, -2, ..."""
+    base = re.sub(r"[^\w.+-]", "_", _safe(name))  # verifiers:env.py?n=4 -> env.py_n_4
+    stem, k = base, 1
+    while stem in files:
+        stem, k = f"{base}-{k}", k + 1
+    files.add(stem)
+    return stem
 
 
 def _safe(name: str) -> str:
@@ -264,7 +331,7 @@ def bar_chart(results: dict[str, dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(names)), 3.5))
     bars = ax.bar(names, [results[n].get("acc", results[n].get("score")) or 0.0 for n in names], color="#4C72B0")
     ax.bar_label(bars, fmt="%.3f")
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, max([1.05] + [1.1 * (results[n].get("acc", results[n].get("score")) or 0.0) for n in names]))
     ax.set_ylabel("accuracy" if all("acc" in r for r in results.values()) else "score")
     ax.set_title("swift eval")
     fig.tight_layout()

@@ -3,6 +3,7 @@ format: their datasets load as rows, their own rollout loop runs with our engine
 (single-turn, MultiTurnEnv.env_response, ToolEnv's tools), environment tokens carry no loss, and the
 rubric's weighted total is the reward of a GRPO step."""
 import json
+import os
 
 import pytest
 
@@ -182,3 +183,24 @@ def test_grpo_trains_on_the_rubrics_reward(tmp_path, env_file):
         rlhf_main(train_argv(tmp_path / "bad", "--rlhf_type", "grpo", "--dataset", "builtin:arith-sft#8",
                              "--num_generations", "2", "--per_device_train_batch_size", "4", "--max_steps", "1",
                              "--max_completion_length", "8", "--reward_funcs", "verifiers", "--strict", "true"))
+
+
+def test_swift_eval_scores_the_environment_with_its_rubric(tmp_path, env_file):
+    from swift.pipelines.eval import eval_main
+
+    report = eval_main(["--model", "builtin:tiny-chat", "--template", "chatml",
+                        "--eval_dataset", f"verifiers:{env_file}?n=4&kind=multi", "--max_new_tokens", "12",
+                        "--eval_generation_config", '{"n": 2, "temperature": 1.0, "seed": 0}',
+                        "--eval_output_dir", str(tmp_path / "eval")])
+    (result,) = report["results"].values()
+    assert result["num_questions"] == 2 and result["num_samples"] == 2  # the environment's eval dataset
+    rows = [json.loads(line) for line in open(os.path.join(report["output_dir"], result["file"]))]
+    flat = []
+    for row in rows:  # each sample: the rubric's total of its last answer (untagged: 0.5 × size)
+        for text, completion, value in zip(row["responses"], row["completions"], row["scores"]):
+            assert value == pytest.approx(0.5 * len(text) / 10)
+            assert completion[0]["role"] == "assistant"
+            flat.append(value)
+    assert result["score"] == pytest.approx(sum(flat) / 4) and result["verifiers/correct"] == 0.0
+    with pytest.raises(SwiftError, match="runs its rollouts with a local model"):
+        eval_main(["--eval_url", "http://127.0.0.1:9/v1", "--eval_dataset", f"verifiers:{env_file}"])
