@@ -337,9 +337,14 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
             if self.server_mode or self.use_vllm:
                 raise SwiftError("--rollout_func generates in the trainer's processes in place of the engine: drop "
                                  "--use_vllm / --vllm_mode server / --rollout_mode server")
-            if self.multi_turn_scheduler or self.async_generate:
-                raise SwiftError(f"--rollout_func replaces the whole rollout; drop "
-                                 f"{'--async_generate' if self.async_generate else '--multi_turn_scheduler / --environment_factory'}")
+            other = ("--async_generate" if self.async_generate else "--multi_turn_scheduler / --environment_factory"
+                     if self.multi_turn_scheduler else "--gym_env" if self.gym_env else "--max_turns" if self.max_turns
+                     else None)
+            if other:
+                raise SwiftError(f"--rollout_func replaces the whole rollout; drop {other}")
+            from swift.plugin import load_attr
+
+            load_attr(self.rollout_func, "--rollout_func")  # a missing file or function stops here, before the model
         if self.server_mode and self.multi_turn_scheduler:
             raise SwiftError("--multi_turn_scheduler runs on the rollout server in server mode: pass it to "
                              "`swift rollout` instead of the trainer")

@@ -195,14 +195,13 @@ def _verifiers_rows(a: EvalArguments, name: str) -> tuple:
         raise SwiftError(f"--eval_dataset {name}: a verifiers environment runs its rollouts with a local model "
                          "(--model), not through --eval_url")
     spec = DatasetSpec.parse(name)
-    n = min(x for x in (spec.n, a.eval_limit) if x) if spec.n or a.eval_limit else None
     if spec.subset not in (None, "train", "eval"):
         raise SwiftError(f"--eval_dataset {name}: subset '{spec.subset}' is not one of train, eval")
-    rows = [row for _, row in verifiers_env.iter_rows(spec.source, spec.subset or "eval", n)]
-    return "verifiers", rows, []
+    rows = [row for _, row in verifiers_env.iter_rows(spec.source, spec.subset or "eval", spec.n)]
+    return "verifiers", rows[:a.eval_limit] if a.eval_limit else rows, []  # --eval_limit caps, as elsewhere
 
 
-def evaluate_verifiers(engine, name: str, rows: list[dict], config) -> tuple[list[dict], dict]:
+def evaluate_verifiers(engine, name: str, rows: list[dict], config, adapter: str | None) -> tuple[list[dict], dict]:
     """Each row through its environment's own rollout (`config.n` per row, `max_tokens` the budget of
     every token after the prompt); scores are the rubric's totals."""
     from dataclasses import replace
@@ -211,7 +210,8 @@ def evaluate_verifiers(engine, name: str, rows: list[dict], config) -> tuple[lis
     from swift.rollout.verifiers_env import VerifiersRollout
 
     requests = [RolloutInferRequest(list(r["messages"]), {k: v for k, v in r.items() if k != "messages"}) for r in rows]
-    trajectories = VerifiersRollout(engine, engine.template, replace(config, n=1), config.max_tokens)(requests, config.n)
+    trajectories = VerifiersRollout(engine, engine.template, replace(config, n=1), config.max_tokens,
+                                    adapter=adapter)(requests, config.n)
     out, scores, functions = [], [], {}
     for i, row in enumerate(rows):
         group = trajectories[i * config.n:(i + 1) * config.n]
@@ -247,7 +247,7 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
     for name, (bench, questions, dropped) in benchmarks.items():
         if bench == "verifiers":
             started = time.perf_counter()
-            rows, summary = evaluate_verifiers(engine, name, questions, config)
+            rows, summary = evaluate_verifiers(engine, name, questions, config, adapter)
             stem = _stem(name, files)
             write_jsonl(os.path.join(out_dir, f"{stem}.jsonl"), rows)
             results[name] = {"benchmark": "verifiers", "kind": "rubric", "file": f"{stem}.jsonl",

@@ -126,6 +126,8 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
     columns = {k: v for k, v in row.items() if k != "messages"}
     if a is not None and "verifiers" in a.reward_funcs and not row.get("verifiers_env"):
         raise RowError("--reward_funcs verifiers scores rows of --dataset verifiers:<env> (their environment's rubric)")
+    if a is not None and row.get("verifiers_env"):
+        _check_verifiers_run(a)
     if a is not None and a.multi_turn_scheduler:  # and if the environment cannot start from it
         from swift.rollout.multi_turn import RolloutInferRequest
 
@@ -137,6 +139,22 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
         except Exception as e:  # a plugin scheduler's own check: still this row's fault
             raise RowError(f"{type(e).__name__}: {e}") from None
     return {"messages": messages, "columns": columns}
+
+
+def _check_verifiers_run(a) -> None:
+    """verifiers:<env> rows run their environment's own rollout loop: what would replace it or run
+    elsewhere is refused (once per run, before anything is generated)."""
+    other = ("--rollout_func" if a.rollout_func else "--multi_turn_scheduler / --environment_factory"
+             if a.multi_turn_scheduler else "--gym_env" if a.gym_env else "--max_turns (the environment's max_turns "
+             "decides)" if a.max_turns else None)
+    if other:
+        raise SwiftError(f"--dataset verifiers:<env> rows run their environment's own rollout; drop {other}")
+    if (a.use_vllm and a.vllm_mode == "server") or a.rollout_mode == "server":
+        raise SwiftError("--dataset verifiers:<env> runs the environment in the trainer: it needs a colocated engine "
+                         "(no --vllm_mode server / --rollout_mode server)")
+    if a.rlhf_type == "harmless":
+        raise SwiftError("--rlhf_type harmless samples its proposal's answers single-turn: verifiers:<env> rows are "
+                         "not supported there")
 
 
 @functools.lru_cache(maxsize=4)
@@ -270,6 +288,7 @@ class RLHFPipeline(TrainPipeline):
                              f"must be a multiple of --num_generations ({a.num_generations})")
         # the one the rows were checked with (an environment pool is not built twice)
         scheduler = _scheduler(a.multi_turn_scheduler, a.max_turns, a.gym_env, tuple(a.environment_factory))
+        _scheduler.cache_clear()  # this run keeps it; a later run in this process builds its own
         funcs = build_reward_funcs(a.reward_funcs, a.rlhf_args, a.reward_model, a.reward_model_url,
                                    process=bool(a.prm_model),
                                    extra=environment_rewards(scheduler))

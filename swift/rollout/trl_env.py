@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import threading
 from typing import Any, Callable
 
@@ -30,6 +31,7 @@ from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 FLAG = "--environment_factory"
+METHOD_TIMEOUT = 600  # seconds an async environment method may take (a server that stopped answering)
 
 
 def load_factories(specs: list[str] | str) -> dict[str | None, Callable]:
@@ -71,18 +73,24 @@ class _Loop:
 
     def __init__(self):
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.pid: int | None = None  # a forked child has the loop but not its thread: it starts its own
 
     def run(self, value):
         if not inspect.isawaitable(value):
             return value
-        if self.loop is None:
-            self.loop = asyncio.new_event_loop()
+        if self.loop is None or self.pid != os.getpid():
+            self.loop, self.pid = asyncio.new_event_loop(), os.getpid()
             threading.Thread(target=self.loop.run_forever, name="environments", daemon=True).start()
 
         async def wait():
             return await value
 
-        return asyncio.run_coroutine_threadsafe(wait(), self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(wait(), self.loop)
+        try:
+            return future.result(timeout=METHOD_TIMEOUT)
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"an environment method took longer than {METHOD_TIMEOUT} s") from None
 
 
 @register("multi_turn", "trl_environment")

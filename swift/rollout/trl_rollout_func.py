@@ -67,6 +67,11 @@ class RolloutFunc:
         self.func = load_attr(spec, FLAG)
         self.trainer = trainer
         self.view = TrainerView(trainer)
+        # the tokens that end an answer (TRL: the generation config's end tokens and the pad token)
+        tokenizer, config = trainer.processing_class, getattr(trainer.model, "generation_config", None)
+        eos = getattr(config, "eos_token_id", None)
+        self.end_ids = {*(eos if isinstance(eos, (list, tuple)) else [eos]), tokenizer.eos_token_id,
+                        tokenizer.pad_token_id} - {None}
 
     def __call__(self, requests: list[RolloutInferRequest], n: int) -> list[Trajectory]:
         rows = [r for r in requests for _ in range(n)]
@@ -79,7 +84,7 @@ class RolloutFunc:
             raise SwiftError(f"{FLAG} {self.spec} must return the keys {', '.join(REQUIRED)}; missing "
                              f"{', '.join(missing)}")
         columns = {k: self._per_row(k, v, len(rows)) for k, v in output.items()
-                   if v is not None or k != "logprobs"}
+                   if v is not None or k not in ("logprobs", "env_mask")}  # None: not given (TRL)
         return [self._trajectory(r, i, columns) for i, r in enumerate(rows)]
 
     @staticmethod
@@ -105,13 +110,14 @@ class RolloutFunc:
         mask = columns.get("env_mask", [None] * (i + 1))[i]
         mask = [1] * len(completion_ids) if mask is None else [int(bool(m)) for m in mask]
         logprobs = columns.get("logprobs")
-        logprobs = None if logprobs is None else \
-            [float("nan") if v is None else float(v) for v in (logprobs[i] or [])]
+        row = None if logprobs is None else logprobs[i]
+        logprobs = None if logprobs is None else [float("nan")] * len(completion_ids) if row is None else \
+            [float("nan") if v is None else float(v) for v in row]
         for name, values in (("env_mask", mask), ("logprobs", logprobs)):
             if values is not None and len(values) != len(completion_ids):
                 raise SwiftError(f"{FLAG} {self.spec}: row {i}'s {name} has {len(values)} entries for "
                                  f"{len(completion_ids)} completion tokens")
-        ends = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
+        ends = self.end_ids
         text = tokenizer.decode(completion_ids, skip_special_tokens=True)
         extra = {k: v[i] for k, v in columns.items() if k not in (*REQUIRED, "env_mask")}
         return Trajectory(prompt_ids, completion_ids, mask, text,

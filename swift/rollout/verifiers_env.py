@@ -113,39 +113,58 @@ def iter_rows(source: str, split: str, n: int | None) -> Iterator[tuple[str, dic
 
 
 class _Batcher:
-    """Model calls of concurrent rollouts, answered together by one engine call."""
+    """Model calls of concurrent rollouts, answered together by one engine call (run off the event
+    loop, so an engine whose `infer` runs its own loop works, and environments' I/O goes on)."""
 
-    def __init__(self, engine, config):
-        self.engine, self.config, self.pending = engine, config, []
+    def __init__(self, engine, config, adapter: str | None = None):
+        self.engine, self.config, self.adapter, self.pending = engine, config, adapter, []
 
     def submit(self, ids: list[int], max_tokens: int, seed: int | None) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         self.pending.append((ids, max_tokens, seed, future))
         return future
 
-    def flush(self) -> None:
+    def _infer(self, batch: list) -> list:
         from swift.infer.protocol import InferRequest
 
-        batch, self.pending = self.pending, []
-        try:
-            responses = self.engine.infer([InferRequest(input_ids=ids) for ids, *_ in batch],
-                                          [replace(self.config, n=1, max_tokens=min(self.config.max_tokens, m), seed=s)
-                                           for _, m, s, _ in batch])
-        except Exception as e:  # noqa: BLE001 - every waiting call fails alike; its rollout records the error
-            for *_, future in batch:
-                future.set_exception(e)
+        responses = self.engine.infer([InferRequest(input_ids=ids, adapter=self.adapter) for ids, *_ in batch],
+                                      [replace(self.config, n=1, max_tokens=min(self.config.max_tokens, m), seed=s)
+                                       for _, m, s, _ in batch])
+        if len(responses) != len(batch):
+            raise SwiftError(f"the engine answered {len(responses)} of {len(batch)} requests")
+        return responses
+
+    async def flush(self) -> None:
+        batch, self.pending = [b for b in self.pending if not b[3].done()], []  # a timed-out rollout's call is gone
+        if not batch:
             return
-        for (*_, future), response in zip(batch, responses):
-            future.set_result(response.choices[0])
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(None, self._infer, batch)
+        except Exception:  # noqa: BLE001 - one request's fault fails only that one: each alone
+            results = []
+            for item in batch:
+                try:
+                    results += await loop.run_in_executor(None, self._infer, [item])
+                except Exception as e:  # noqa: BLE001 - its rollout records the error
+                    results.append(e)
+        for (*_, future), result in zip(batch, results):
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result.choices[0])
 
 
 class VerifiersRollout:
     """Trajectories of `verifiers:` rows, for `Rollout.generate_with_current_weights`."""
 
-    def __init__(self, engine, template, config, max_completion_length: int):
+    def __init__(self, engine, template, config, max_completion_length: int, adapter: str | None = None):
         from swift.rollout.runner import _logprobs
 
-        self.engine, self.template, self.config = engine, template, config
+        self.engine, self.template, self.config, self.adapter = engine, template, config, adapter
+        self.context = getattr(engine, "max_model_len", None)  # the engine's context, where it has one
         self.max_completion_length = max_completion_length
         self.logprobs_of = _logprobs
         self.calls: dict[str, list[tuple[list[int], list[int], list[float]]]] = {}
@@ -155,7 +174,7 @@ class VerifiersRollout:
         from swift.rollout.runner import Trajectory
 
         vf = _vf()
-        batcher = _Batcher(self.engine, self.config)
+        batcher = _Batcher(self.engine, self.config, self.adapter)
         client = _engine_client(vf)(self, batcher)
         jobs = [(r, load_env(r.data_dict["verifiers_env"]), json.loads(r.data_dict["verifiers_input"]))
                 for r in requests]
@@ -169,12 +188,21 @@ class VerifiersRollout:
                 running = sum(not t.done() for t in tasks)
                 # every unfinished rollout waits on the model, or none joined the batch in the last wait
                 if batcher.pending and (len(batcher.pending) >= running or len(batcher.pending) == waiting):
-                    batcher.flush()
+                    await batcher.flush()
             states = [t.result() if t.exception() is None else t.exception() for t in tasks]
-            for k, (_, env, _) in enumerate(jobs):  # the rubric scores each prompt's group together
+            for k, (_, env, _) in enumerate(jobs):  # as verifiers: each prompt's group scored together, then cleanup
                 group = [s for s in states[k * n:(k + 1) * n] if not isinstance(s, BaseException)]
-                if group:
-                    await env.rubric.score_group(group)
+                if not group:
+                    continue
+                try:
+                    await (env.rubric.score_group if env.score_rollouts else env.rubric.dummy_score_group)(group)
+                    for state in group:
+                        await env.rubric.cleanup(state)
+                except Exception as e:  # noqa: BLE001 - this group gets no reward; the others go on
+                    logger.error(f"verifiers environment {jobs[k][0].data_dict['verifiers_env']}: its rubric failed "
+                                 f"on a group: {type(e).__name__}: {e}")
+                    for state in group:
+                        state["error"], state["reward"] = e, None
             return states
 
         states = asyncio.run(rollout_all())
@@ -189,7 +217,13 @@ class VerifiersRollout:
                 out.append(Trajectory(prompt, [], [], "", True, list(request.messages),
                                       {**request.rollout_infos, "rollout_error": type(state).__name__}))
                 continue
-            out.append(self._trajectory(request, state, Trajectory))
+            try:
+                out.append(self._trajectory(request, state, Trajectory))
+            except SwiftError as e:  # this trajectory's tokens cannot be laid out; it alone is left out
+                logger.error(str(e))
+                prompt = self.template.encode_continuation(request.messages)
+                out.append(Trajectory(prompt, [], [], "", True, list(request.messages),
+                                      {**request.rollout_infos, "rollout_error": "SwiftError"}))
         return out
 
     def _trajectory(self, request, state, Trajectory):
@@ -213,11 +247,16 @@ class VerifiersRollout:
         completion = [_plain(m) for m in state.get("completion") or []]
         text = next((m["content"] for m in reversed(completion) if m["role"] == "assistant"), "")
         metrics = {f"verifiers/{k}": float(v) for k, v in (state.get("metrics") or {}).items()}
-        reward = state.get("reward")
-        return Trajectory(ids[:prompt_len], ids[prompt_len:], mask, text, bool(state.get("is_truncated")),
-                          [*request.messages, *completion],
-                          {**request.rollout_infos, **metrics,
-                           "verifiers_reward": None if reward is None or state.get("error") else float(reward)},
+        reward, error = state.get("reward"), state.get("error")
+        infos = {**request.rollout_infos, **metrics,
+                 "verifiers_reward": None if reward is None or error else float(reward)}
+        if error:  # verifiers recorded an error (the model call, a tool, the rubric): no reward from any function
+            infos["rollout_error"] = type(error).__name__
+            logger.error(f"verifiers environment {request.data_dict['verifiers_env']}: a trajectory ended with "
+                         f"{type(error).__name__}: {error}")
+        return Trajectory(ids[:prompt_len], ids[prompt_len:], mask, text,
+                          bool(state.get("is_truncated") or state.get("timed_out")),
+                          [*request.messages, *completion], infos,
                           turns=len(calls), logprobs=lps if self.config.logprobs else None)
 
 
@@ -249,8 +288,11 @@ def _engine_client(vf):
             ids = r.template.encode_continuation(prompt, tools)
             start = len(calls[0][0]) if calls else len(ids)
             budget = r.max_completion_length - (len(ids) - start)
+            if r.context is not None:  # and no call runs past the engine's context
+                budget = min(budget, r.context - len(ids))
             if budget <= 0:
-                raise vf.OverlongPromptError(f"no room left within --max_completion_length {r.max_completion_length}")
+                raise vf.OverlongPromptError(f"no room left within --max_completion_length {r.max_completion_length} "
+                                             "or the engine's context")
             index, seed = r.index.setdefault(state["trajectory_id"], len(r.index)), r.config.seed
             seed = None if seed is None else (seed + index * 7919 + len(calls) * 104729) % 2 ** 31
             choice = await self.batcher.submit(ids, budget, seed)

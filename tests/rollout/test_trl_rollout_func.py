@@ -48,6 +48,14 @@ def missing_logprobs(prompts, trainer):
     return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[2]] * len(prompts)}
 
 
+def no_mask(prompts, trainer):
+    """env_mask None and a row's logprobs None, as TRL accepts them."""
+    tok = trainer.processing_class
+    ids = [tok.encode("12", add_special_tokens=False) + [tok.eos_token_id] for _ in prompts]
+    return {"prompt_ids": [[1, 2]] * len(prompts), "completion_ids": ids, "logprobs": [None] * len(prompts),
+            "env_mask": None, "env_reward": [float(i % 2) for i in range(len(prompts))], "tag": "t"}
+
+
 def short(prompts, trainer):
     return {"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": None}
 '''
@@ -99,6 +107,23 @@ def test_the_functions_tokens_are_trained_on_and_its_extra_keys_reach_the_reward
     assert max(float((a[k] - c[k]).abs().max()) for k in a) > 1e-4
 
 
+def test_nones_are_taken_as_trl_takes_them(tmp_path, func_file):
+    from swift.rollout.trl_rollout_func import RolloutFunc
+
+    class Trainer:  # what RolloutFunc reads of the trainer
+        from swift.model import load_model
+
+        processing_class = load_model("builtin:tiny-chat")[1]
+        model, args = None, None
+        rlhf_args = type("A", (), {"num_generations": 2})()
+
+    from swift.rollout.multi_turn import RolloutInferRequest
+
+    (t, _) = RolloutFunc(f"{func_file}:no_mask", Trainer())([RolloutInferRequest([{"role": "user", "content": "x"}])], 2)
+    assert t.loss_mask == [1] * len(t.completion_ids) and not t.truncated  # ends with the end token
+    assert len(t.logprobs) == len(t.completion_ids) and all(v != v for v in t.logprobs)  # NaN: unknown
+
+
 def test_what_the_function_gets_wrong_is_refused_in_one_line(tmp_path, func_file):
     def argv(func, *extra):
         return train_argv(tmp_path, "--rlhf_type", "grpo", "--dataset", "builtin:arith-sft#8", "--num_generations",
@@ -111,6 +136,8 @@ def test_what_the_function_gets_wrong_is_refused_in_one_line(tmp_path, func_file
         rlhf_main(argv("short"))
     with pytest.raises(SwiftError, match="defines no nothing"):
         rlhf_main(argv("nothing"))
+    with pytest.raises(SwiftError, match="--rollout_func replaces the whole rollout; drop --max_turns"):
+        rlhf_main(argv("rollout_func", "--max_turns", "2"))
     with pytest.raises(SwiftError, match="--rollout_func replaces the whole rollout; drop --multi_turn_scheduler"):
         rlhf_main(argv("rollout_func", "--multi_turn_scheduler", "math_tip_trick"))
     with pytest.raises(SwiftError, match="--rollout_func generates in the trainer's processes"):

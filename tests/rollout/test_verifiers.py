@@ -42,6 +42,8 @@ def load_environment(n: int = 4, kind: str = "single", **kwargs):
                   system_prompt=SYSTEM, parser=parser, rubric=rubric)
     if kind == "multi":
         return Retry(max_turns=3, **common, **kwargs)
+    if kind == "slow":  # a rollout that may take 0.3 s in all
+        return Retry(max_turns=3, timeout_seconds=0.3, **common, **kwargs)
     if kind == "tool":
         def add(a: int, b: int) -> int:
             """Add two integers.
@@ -110,7 +112,29 @@ class Scripted:
         return out
 
 
-def rollout(env_file, spec, answers, n=2, max_completion_length=200):
+class AsyncOnly(Scripted):
+    """An engine with only `infer_async` (as vLLM's): the base class's `infer` runs its own event loop.
+    A prompt holding `fail` makes its request raise; `delay` seconds per call."""
+
+    def __init__(self, tokenizer, answers, fail=None, delay=0.0):
+        super().__init__(tokenizer, answers)
+        self.fail, self.delay = fail, delay
+
+    def infer(self, requests, configs):
+        from swift.infer.protocol import InferEngine
+
+        return InferEngine.infer(self, requests, configs)
+
+    async def infer_async(self, request, config):
+        import asyncio
+
+        await asyncio.sleep(self.delay)
+        if self.fail and self.fail in self.tokenizer.decode(request.input_ids):
+            raise RuntimeError("this request failed")
+        return Scripted.infer(self, [request], [config])[0]
+
+
+def rollout(env_file, spec, answers, n=2, max_completion_length=200, engine=None):
     from swift.dataset.loader import load_rows
     from swift.infer.protocol import RequestConfig
     from swift.model import load_model
@@ -120,7 +144,7 @@ def rollout(env_file, spec, answers, n=2, max_completion_length=200):
 
     tokenizer = load_model("builtin:tiny-chat")[1]
     template = get_template("chatml", tokenizer)
-    engine = Scripted(tokenizer, answers)
+    engine = (engine or Scripted)(tokenizer, answers)
     rows = load_rows([f"verifiers:{env_file}?{spec}"]).rows
     requests = [RolloutInferRequest(r["messages"], {k: v for k, v in r.items() if k != "messages"}) for r in rows]
     trajectories = VerifiersRollout(engine, template, RequestConfig(max_tokens=64), max_completion_length)(requests, n)
@@ -146,6 +170,23 @@ def test_a_multi_turn_environment_runs_its_own_protocol_and_its_tokens_carry_no_
     # the rubric's weighted total: correct (1.0 × [answer == "3" / "7"]) + size (0.5 × characters / 10)
     assert [t.rollout_infos["verifiers/correct"] for t in trajectories] == [0.0, 0.0, 1.0, 1.0]
     assert [t.rollout_infos["verifiers_reward"] for t in trajectories] == pytest.approx([0.9, 0.9, 1.9, 1.9])
+
+
+def test_an_engine_with_its_own_event_loop_serves_the_rollouts_and_failures_stay_with_their_trajectory(env_file):
+    import functools
+
+    answers = ["I think 5", "<answer>7</answer>"]
+    tokenizer, _, trajectories = rollout(env_file, "n=2&kind=multi", answers, engine=AsyncOnly)
+    assert [t.turns for t in trajectories] == [2, 2, 2, 2]
+    assert [t.rollout_infos["verifiers_reward"] for t in trajectories] == pytest.approx([0.9, 0.9, 1.9, 1.9])
+    # the second question's calls fail: its trajectories get no reward and are marked; the first's are whole
+    _, _, trajectories = rollout(env_file, "n=2&kind=multi", answers, engine=functools.partial(AsyncOnly, fail="3+4="))
+    assert [t.rollout_infos.get("rollout_error") for t in trajectories] == [None, None, "ModelError", "ModelError"]
+    assert [t.rollout_infos["verifiers_reward"] for t in trajectories] == pytest.approx([0.9, 0.9, None, None])
+    # a rollout past its environment's timeout_seconds ends there (its pending call dropped), the step goes on
+    _, _, trajectories = rollout(env_file, "n=1&kind=slow", ["I think 5"], engine=functools.partial(AsyncOnly,
+                                                                                                     delay=0.2))
+    assert all(t.truncated and t.turns < 3 for t in trajectories)
 
 
 def test_tool_calls_run_the_environments_tools(env_file):
@@ -183,6 +224,12 @@ def test_grpo_trains_on_the_rubrics_reward(tmp_path, env_file):
         rlhf_main(train_argv(tmp_path / "bad", "--rlhf_type", "grpo", "--dataset", "builtin:arith-sft#8",
                              "--num_generations", "2", "--per_device_train_batch_size", "4", "--max_steps", "1",
                              "--max_completion_length", "8", "--reward_funcs", "verifiers", "--strict", "true"))
+    for flag, value, why in (("--max_turns", "2", "run their environment's own rollout; drop --max_turns"),
+                             ("--rollout_mode", "server", "it needs a colocated engine")):
+        with pytest.raises(SwiftError, match=why):
+            rlhf_main(train_argv(tmp_path / "bad", "--rlhf_type", "grpo", "--dataset", f"verifiers:{env_file}?n=4",
+                                 "--num_generations", "2", "--per_device_train_batch_size", "4", "--max_steps", "1",
+                                 "--max_completion_length", "8", "--reward_funcs", "verifiers", flag, value))
 
 
 def test_swift_eval_scores_the_environment_with_its_rubric(tmp_path, env_file):
