@@ -142,29 +142,22 @@ def _hub_files(spec: DatasetSpec, use_hf: bool) -> list[str]:
 
 def iter_raw(spec: DatasetSpec, use_hf: bool = False) -> Iterator[tuple[str, Any]]:
     """Yield (origin, raw_row) for a spec, in file order."""
-    if spec.source.startswith("builtin:"):
-        name = spec.source[len("builtin:"):]
+    generated = next((p for p in ("builtin:", "reasoning_gym:", "verifiers:") if spec.source.startswith(p)), None)
+    if generated:  # rows made by code (built-in, a reasoning-gym task, a verifiers environment), by split
         split = spec.subset or "train"
         if split not in SPLITS:
             raise SwiftError(f"dataset '{spec.source}': subset '{split}' is not one of {', '.join(SPLITS)}")
-        for i, row in enumerate(BUILTIN_DATASETS.get(name)(split), 1):
-            yield f"{spec.source}:{split} row {i}", row
-        return
-    if spec.source.startswith("reasoning_gym:"):
-        from swift.dataset import reasoning_gym
+        if generated == "builtin:":
+            for i, row in enumerate(BUILTIN_DATASETS.get(spec.source[len(generated):])(split), 1):
+                yield f"{spec.source}:{split} row {i}", row
+        elif generated == "reasoning_gym:":
+            from swift.dataset import reasoning_gym
 
-        split = spec.subset or "train"
-        if split not in SPLITS:
-            raise SwiftError(f"dataset '{spec.source}': subset '{split}' is not one of {', '.join(SPLITS)}")
-        yield from reasoning_gym.iter_rows(spec.source, split, spec.n)
-        return
-    if spec.source.startswith("verifiers:"):
-        from swift.rollout import verifiers_env
+            yield from reasoning_gym.iter_rows(spec.source, split, spec.n)
+        else:
+            from swift.rollout import verifiers_env
 
-        split = spec.subset or "train"
-        if split not in SPLITS:
-            raise SwiftError(f"dataset '{spec.source}': subset '{split}' is not one of {', '.join(SPLITS)}")
-        yield from verifiers_env.iter_rows(spec.source, split, spec.n)
+            yield from verifiers_env.iter_rows(spec.source, split, spec.n)
         return
     if os.path.isfile(spec.source):
         files = [spec.source]
