@@ -201,16 +201,21 @@ def _verifiers_rows(a: EvalArguments, name: str) -> tuple:
     return "verifiers", rows[:a.eval_limit] if a.eval_limit else rows, []  # --eval_limit caps, as elsewhere
 
 
-def evaluate_verifiers(engine, name: str, rows: list[dict], config, adapter: str | None) -> tuple[list[dict], dict]:
-    """Each row through its environment's own rollout (`config.n` per row, `max_tokens` the budget of
-    every token after the prompt); scores are the rubric's totals."""
+VERIFIERS_BUDGET = 256  # tokens after the prompt when --max_new_tokens is not given
+
+
+def evaluate_verifiers(engine, name: str, rows: list[dict], config, adapter: str | None,
+                       explicit: bool) -> tuple[list[dict], dict]:
+    """Each row through its environment's own rollout (`config.n` per row, `--max_new_tokens` (default
+    256) the budget of every token after the prompt); scores are the rubric's totals."""
     from dataclasses import replace
 
     from swift.rollout.multi_turn import RolloutInferRequest
     from swift.rollout.verifiers_env import VerifiersRollout
 
     requests = [RolloutInferRequest(list(r["messages"]), {k: v for k, v in r.items() if k != "messages"}) for r in rows]
-    trajectories = VerifiersRollout(engine, engine.template, replace(config, n=1), config.max_tokens,
+    budget = config.max_tokens if explicit else VERIFIERS_BUDGET
+    trajectories = VerifiersRollout(engine, engine.template, replace(config, n=1, max_tokens=budget), budget,
                                     adapter=adapter)(requests, config.n)
     out, scores, functions = [], [], {}
     for i, row in enumerate(rows):
@@ -247,7 +252,7 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
     for name, (bench, questions, dropped) in benchmarks.items():
         if bench == "verifiers":
             started = time.perf_counter()
-            rows, summary = evaluate_verifiers(engine, name, questions, config, adapter)
+            rows, summary = evaluate_verifiers(engine, name, questions, config, adapter, explicit)
             stem = _stem(name, files)
             write_jsonl(os.path.join(out_dir, f"{stem}.jsonl"), rows)
             results[name] = {"benchmark": "verifiers", "kind": "rubric", "file": f"{stem}.jsonl",

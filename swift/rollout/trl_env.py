@@ -17,14 +17,12 @@ column picks one (and is not passed to `reset`), as TRL's dict form.
 """
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
-import os
-import threading
 from typing import Any, Callable
 
 from swift.plugin import load_attr, register
+from swift.utils.event_loop import EventLoopThread
 from swift.rollout.multi_turn import MultiTurnScheduler
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
@@ -67,32 +65,6 @@ def schemas(env) -> list[dict]:
     return out
 
 
-class _Loop:
-    """One event loop on a thread of its own for environments' async methods (TRL accepts them; an
-    OpenEnv client's are), so a connection an instance opens stays on the loop it was opened on."""
-
-    def __init__(self):
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.pid: int | None = None  # a forked child has the loop but not its thread: it starts its own
-
-    def run(self, value):
-        if not inspect.isawaitable(value):
-            return value
-        if self.loop is None or self.pid != os.getpid():
-            self.loop, self.pid = asyncio.new_event_loop(), os.getpid()
-            threading.Thread(target=self.loop.run_forever, name="environments", daemon=True).start()
-
-        async def wait():
-            return await value
-
-        future = asyncio.run_coroutine_threadsafe(wait(), self.loop)
-        try:
-            return future.result(timeout=METHOD_TIMEOUT)
-        except TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"an environment method took longer than {METHOD_TIMEOUT} s") from None
-
-
 @register("multi_turn", "trl_environment")
 class EnvironmentScheduler(MultiTurnScheduler):
     def __init__(self, max_turns: int | None = None, *args, environment_factory=None, **kwargs):
@@ -102,7 +74,7 @@ class EnvironmentScheduler(MultiTurnScheduler):
         self.factories = load_factories(environment_factory)
         self.tools: dict[str | None, list[dict]] = {}
         self.rewarded: dict[str | None, bool] = {}
-        self._loop = _Loop()
+        self._loop = EventLoopThread()
         self._idle: dict[str | None, list] = {name: [] for name in self.factories}  # instances to reuse
         for name, factory in self.factories.items():  # probe one of each: reset, tools, reward
             probe = factory()
@@ -136,7 +108,9 @@ class EnvironmentScheduler(MultiTurnScheduler):
         env = self._idle[name].pop() if self._idle[name] else self.factories[name]()
         row.setdefault("prompt", [dict(m) for m in infer_request.messages])  # TRL passes the example's own
         try:
-            observation = self._loop.run(env.reset(**row))
+            observation = self._loop.run(env.reset(**row), METHOD_TIMEOUT)
+        except TimeoutError:  # an instance that stopped answering is not reused
+            raise
         except BaseException:
             self._idle[name].append(env)
             raise
@@ -174,7 +148,7 @@ class EnvironmentScheduler(MultiTurnScheduler):
             try:
                 if name not in tools:
                     raise ValueError(f"Tool {name} not found.")
-                result = self._loop.run(tools[name](**json.loads(call["function"]["arguments"])))
+                result = self._loop.run(tools[name](**json.loads(call["function"]["arguments"])), METHOD_TIMEOUT)
             except Exception as e:  # the model's bad call is the environment's answer, as in TRL
                 result = {"error": str(e)}
             infer_request.messages.append({"role": "tool", "name": name, "content": str(result)})
@@ -183,7 +157,7 @@ class EnvironmentScheduler(MultiTurnScheduler):
     def finish(self, infer_request) -> None:
         _, env = self._envs.get(infer_request.uid, (None, None))
         if env is not None and callable(getattr(env, "get_reward", None)):
-            reward = float(self._loop.run(env.get_reward()))
+            reward = float(self._loop.run(env.get_reward(), METHOD_TIMEOUT))
             infer_request.rollout_infos[f"environment_reward/{type(env).__name__}"] = reward
 
     def release(self, infer_request) -> None:

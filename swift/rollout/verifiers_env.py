@@ -33,11 +33,13 @@ import yaml
 
 from swift.plugin import import_file, register
 from swift.rewards.base import ORM
+from swift.utils.event_loop import EventLoopThread
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 PREFIX = "verifiers:"
+_LOOP = EventLoopThread()
 
 
 def _vf():
@@ -99,7 +101,10 @@ def _plain(message) -> dict:
 
 def iter_rows(source: str, split: str, n: int | None) -> Iterator[tuple[str, dict]]:
     env = load_env(source)
-    data = env.get_dataset() if split == "train" else env.get_eval_dataset()
+    try:
+        data = env.get_dataset() if split == "train" else env.get_eval_dataset()
+    except ValueError as e:  # verifiers: "dataset is not set"
+        raise SwiftError(f"--dataset {source}:{split}: {e}") from None
     if n is not None and n > len(data):
         raise SwiftError(f"--dataset {source}:{split}#{n}: the environment's {split} dataset has only {len(data)} rows")
     for i in range(len(data) if n is None else n):
@@ -153,6 +158,8 @@ class _Batcher:
                 continue
             if isinstance(result, Exception):
                 future.set_exception(result)
+            elif not result.choices:
+                future.set_exception(SwiftError("the engine returned no answer"))
             else:
                 future.set_result(result.choices[0])
 
@@ -189,7 +196,7 @@ class VerifiersRollout:
                 # every unfinished rollout waits on the model, or none joined the batch in the last wait
                 if batcher.pending and (len(batcher.pending) >= running or len(batcher.pending) == waiting):
                     await batcher.flush()
-            states = [t.result() if t.exception() is None else t.exception() for t in tasks]
+            states = [asyncio.CancelledError() if t.cancelled() else t.exception() or t.result() for t in tasks]
             for k, (_, env, _) in enumerate(jobs):  # as verifiers: each prompt's group scored together, then cleanup
                 group = [s for s in states[k * n:(k + 1) * n] if not isinstance(s, BaseException)]
                 if not group:
@@ -205,7 +212,7 @@ class VerifiersRollout:
                         state["error"], state["reward"] = e, None
             return states
 
-        states = asyncio.run(rollout_all())
+        states = _LOOP.run(rollout_all(), timeout=None)  # one loop for every step: environments keep their clients
         self.index.clear()
         out = []
         for k, state in enumerate(states):

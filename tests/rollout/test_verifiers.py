@@ -85,6 +85,8 @@ def test_the_environments_dataset_loads_as_rows(env_file):
                                    {"role": "user", "content": "3+4="}]
     assert rows[1]["solution"] == "7" and json.loads(rows[1]["verifiers_input"])["info"] == {"i": 1}
     assert len(load_rows([f"verifiers:{env_file}?n=3:eval"]).rows) == 2
+    # a ':' inside the query (a URL) is the argument's, not a split
+    assert len(load_rows([f"verifiers:{env_file}?n=3&note=http://h:8000"]).rows) == 3
     with pytest.raises(SwiftError, match="dataset has only 3 rows"):
         load_rows([f"verifiers:{env_file}?n=3#5"])
     with pytest.raises(SwiftError, match="loading the environment failed: TypeError"):
@@ -249,5 +251,11 @@ def test_swift_eval_scores_the_environment_with_its_rubric(tmp_path, env_file):
             assert completion[0]["role"] == "assistant"
             flat.append(value)
     assert result["score"] == pytest.approx(sum(flat) / 4) and result["verifiers/correct"] == 0.0
+    # without --max_new_tokens each rollout may write 256 tokens after the prompt (not the 1-token default)
+    report = eval_main(["--model", "builtin:tiny-chat", "--template", "chatml", "--eval_limit", "1",
+                        "--eval_dataset", f"verifiers:{env_file}?n=4", "--eval_output_dir", str(tmp_path / "eval2")])
+    (result,) = report["results"].values()
+    (row,) = [json.loads(line) for line in open(os.path.join(report["output_dir"], result["file"]))]
+    assert len(row["responses"][0]) > 20
     with pytest.raises(SwiftError, match="runs its rollouts with a local model"):
         eval_main(["--eval_url", "http://127.0.0.1:9/v1", "--eval_dataset", f"verifiers:{env_file}"])
