@@ -45,8 +45,8 @@ class DatasetSpec:
         prefix = next((p for p in ("builtin:", "reasoning_gym:", "verifiers:") if source.startswith(p)), "")
         rest = source[len(prefix):]
         subset = None
-        # a generated dataset's subset is a split; a ':' elsewhere is part of its query (a URL, a map)
-        if not os.path.exists(rest) and ":" in rest and (prefix == "builtin:" or not prefix
+        # after a generated dataset's query (`?...`), a ':' is the query's (a URL) unless a split follows it
+        if not os.path.exists(rest) and ":" in rest and (prefix in ("", "builtin:") or "?" not in rest
                                                          or rest.rpartition(":")[2] in SPLITS):
             rest, _, subset = rest.rpartition(":")
         return cls(prefix + rest, subset or None, n)
