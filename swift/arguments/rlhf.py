@@ -161,6 +161,30 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
         if self.critic_learning_rate is not None and self.critic_learning_rate < 0:
             raise SwiftError(f"--critic_learning_rate must be >= 0, got {self.critic_learning_rate}")
 
+    def _check_rollout_source(self) -> None:
+        """What replaces the engine's single-turn rollout: TRL's environment_factory (our
+        trl_environment scheduler) or rollout_func (the whole rollout)."""
+        if self.environment_factory:
+            if self.server_mode:
+                raise SwiftError("--environment_factory runs its environments in the trainer: it needs a colocated "
+                                 "engine (no --vllm_mode server / --rollout_mode server)")
+            if self.multi_turn_scheduler not in (None, "trl_environment"):
+                raise SwiftError(f"--environment_factory drives the multi-turn rollout itself; drop "
+                                 f"--multi_turn_scheduler {self.multi_turn_scheduler}")
+            self.multi_turn_scheduler = "trl_environment"
+        if self.rollout_func:
+            if self.server_mode or self.use_vllm:
+                raise SwiftError("--rollout_func generates in the trainer's processes in place of the engine: drop "
+                                 "--use_vllm / --vllm_mode server / --rollout_mode server")
+            other = ("--async_generate" if self.async_generate else "--multi_turn_scheduler / --environment_factory"
+                     if self.multi_turn_scheduler else "--gym_env" if self.gym_env else "--max_turns" if self.max_turns
+                     else None)
+            if other:
+                raise SwiftError(f"--rollout_func replaces the whole rollout; drop {other}")
+            from swift.plugin import load_attr
+
+            load_attr(self.rollout_func, "--rollout_func")  # a missing file or function stops here, before the model
+
     def _check_harmless(self) -> None:
         """RePULSe's values and combinations (`swift.rlhf.harmless`): what the fork refuses or cannot
         mean, then the flags this configuration would not read."""
@@ -325,26 +349,7 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
         if self.async_generate and not self.server_mode:
             raise SwiftError("--async_generate needs a rollout server (--use_vllm true --vllm_mode server, or "
                              "--rollout_mode server): a colocated engine shares the weights being trained")
-        if self.environment_factory:
-            if self.server_mode:
-                raise SwiftError("--environment_factory runs its environments in the trainer: it needs a colocated "
-                                 "engine (no --vllm_mode server / --rollout_mode server)")
-            if self.multi_turn_scheduler not in (None, "trl_environment"):
-                raise SwiftError(f"--environment_factory drives the multi-turn rollout itself; drop "
-                                 f"--multi_turn_scheduler {self.multi_turn_scheduler}")
-            self.multi_turn_scheduler = "trl_environment"
-        if self.rollout_func:
-            if self.server_mode or self.use_vllm:
-                raise SwiftError("--rollout_func generates in the trainer's processes in place of the engine: drop "
-                                 "--use_vllm / --vllm_mode server / --rollout_mode server")
-            other = ("--async_generate" if self.async_generate else "--multi_turn_scheduler / --environment_factory"
-                     if self.multi_turn_scheduler else "--gym_env" if self.gym_env else "--max_turns" if self.max_turns
-                     else None)
-            if other:
-                raise SwiftError(f"--rollout_func replaces the whole rollout; drop {other}")
-            from swift.plugin import load_attr
-
-            load_attr(self.rollout_func, "--rollout_func")  # a missing file or function stops here, before the model
+        self._check_rollout_source()
         if self.server_mode and self.multi_turn_scheduler:
             raise SwiftError("--multi_turn_scheduler runs on the rollout server in server mode: pass it to "
                              "`swift rollout` instead of the trainer")

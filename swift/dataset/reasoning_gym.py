@@ -16,10 +16,9 @@ import hashlib
 import json
 from typing import Iterator
 
-import yaml
-
 from swift.plugin import register
 from swift.rewards.base import ORM
+from swift.utils.query import query_args
 from swift.utils.registry import SwiftError, closest
 
 PREFIX = "reasoning_gym:"
@@ -38,12 +37,7 @@ def _module():
 def parse_task(source: str) -> tuple[str, dict]:
     """`reasoning_gym:basic_arithmetic?max_terms=2` → ("basic_arithmetic", {"max_terms": 2})."""
     task, _, query = source[len(PREFIX):].partition("?")
-    config = {}
-    for pair in filter(None, query.split("&")):  # not urllib's parsing: '+' is an operator here, not a space
-        key, eq, value = pair.partition("=")
-        if not eq:
-            raise SwiftError(f"--dataset {source}: '{pair}' is not key=value")
-        config[key] = yaml.safe_load(value)
+    config = query_args(source, query)
     names = _module().factory.DATASETS
     if task not in names:
         raise SwiftError(f"--dataset {source}: reasoning-gym has no task '{task}'.{closest(task, names)}")

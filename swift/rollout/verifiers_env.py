@@ -29,12 +29,11 @@ import uuid
 from dataclasses import replace
 from typing import Iterator
 
-import yaml
-
 from swift.plugin import import_file, register
 from swift.rewards.base import ORM
 from swift.utils.event_loop import EventLoopThread
 from swift.utils.logging import get_logger
+from swift.utils.query import query_args
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
@@ -57,12 +56,7 @@ def _vf():
 def parse_spec(spec: str) -> tuple[str, dict]:
     """`verifiers:my_env?n=4&kind=multi` → ("my_env", {"n": 4, "kind": "multi"})."""
     env_id, _, query = spec[len(PREFIX):].partition("?")
-    kwargs = {}
-    for pair in filter(None, query.split("&")):
-        key, eq, value = pair.partition("=")
-        if not eq:
-            raise SwiftError(f"--dataset {spec}: '{pair}' is not key=value")
-        kwargs[key] = yaml.safe_load(value)
+    kwargs = query_args(spec, query)
     if not env_id:
         raise SwiftError(f"--dataset {spec}: name the environment (verifiers:<module> or verifiers:path/env.py)")
     return env_id, kwargs
