@@ -148,13 +148,8 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
                 state.uid = states[i].uid
             states[i] = state
             following = template.encode_continuation(state.messages, state.tools)
-            keep = _common_prefix(ids[i], following)
-            if keep < prompt_len[i]:
-                raise SwiftError(f"multi-turn scheduler {type(scheduler).__name__} changed the prompt of a trajectory")
-            # tokens the model generated and the scheduler kept carry loss; everything new is environment
-            masks[i] = masks[i][:keep - prompt_len[i]] + [0] * (len(following) - keep)
-            if config.logprobs:
-                lps[i] = lps[i][:keep - prompt_len[i]] + [float("nan")] * (len(following) - keep)
+            masks[i], lps[i] = continued(ids[i], following, prompt_len[i], masks[i], lps[i],
+                                         f"multi-turn scheduler {type(scheduler).__name__}")
             ids[i] = following
             limit = prompt_len[i] + max_completion_length
             if context is not None:
@@ -172,6 +167,18 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
     return [Trajectory(ids[i][:prompt_len[i]], ids[i][prompt_len[i]:], masks[i], texts[i], truncated[i],
                        states[i].messages, dict(states[i].rollout_infos), turns[i],
                        lps[i] if config.logprobs else None) for i in range(len(states))]
+
+
+def continued(ids: list[int], following: list[int], prompt_len: int, mask: list[int], logprobs: list[float],
+              who: str) -> tuple[list[int], list[float]]:
+    """The loss mask (and sampler log-probs) of a trajectory whose tokens `ids` continue as `following`
+    (the next turn's prompt): tokens the model generated and that were kept carry loss; everything new
+    is the environment's (no loss, log-prob unknown)."""
+    keep = _common_prefix(ids, following)
+    if keep < prompt_len:
+        raise SwiftError(f"{who} changed the prompt of a trajectory")
+    added = len(following) - keep
+    return mask[:keep - prompt_len] + [0] * added, logprobs[:keep - prompt_len] + [float("nan")] * added
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

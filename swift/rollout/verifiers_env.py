@@ -230,19 +230,15 @@ class VerifiersRollout:
     def _trajectory(self, request, state, Trajectory):
         """Tokens as the model saw and wrote them: each call's prompt extends the previous one's
         tokens with what the environment added (no loss), then the tokens generated (loss)."""
-        from swift.rollout.runner import _common_prefix
+        from swift.rollout.runner import continued
 
         calls = self.calls.pop(state["trajectory_id"], [])
         ids = calls[0][0] if calls else self.template.encode_continuation(request.messages)
         prompt_len, mask, lps = len(ids), [], []
         for k, (before, generated, logprobs) in enumerate(calls):
             if k:
-                keep = _common_prefix(ids, before)
-                if keep < prompt_len:
-                    raise SwiftError(f"verifiers environment {request.data_dict['verifiers_env']} changed the prompt "
-                                     "of a trajectory between model calls")
-                mask, lps = mask[:keep - prompt_len] + [0] * (len(before) - keep), \
-                    lps[:keep - prompt_len] + [float("nan")] * (len(before) - keep)
+                mask, lps = continued(ids, before, prompt_len, mask, lps,
+                                      f"verifiers environment {request.data_dict['verifiers_env']}")
                 ids = before
             ids, mask, lps = ids + generated, mask + [1] * len(generated), lps + logprobs
         completion = [_plain(m) for m in state.get("completion") or []]
