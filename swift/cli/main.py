@@ -23,6 +23,7 @@ ROUTE_MAPPING: dict[str, tuple[str, str]] = {
     "rollout": ("swift.pipelines.rollout:rollout_main", "Generation server for RL trainers, with checked weight sync."),
     "deploy": ("swift.pipelines.deploy:deploy_main", "Serve a model (and LoRA adapters) behind an OpenAI-compatible API."),
     "merge-lora": ("swift.pipelines.merge_lora:merge_lora_main", "Merge LoRA adapters into a standalone HF model."),
+    "export": ("swift.pipelines.export:export_main", "Merge LoRA, write GGUF (f16, q8_0, q4_k_m) and an Ollama Modelfile."),
     "attack": ("swift.safety.attack:attack_main", "Jailbreak attacks (GCG, BEAST) on a model: adversarial suffixes and attack success rate."),
     "estimate": ("swift.safety.estimate:estimate_main", "Estimate the probability of a rare output (ITGIS, MHIS, brute force, exact)."),
     "app": ("swift.pipelines.app:app_main", "A chat page (gradio) over a model or an OpenAI-compatible server."),
@@ -38,6 +39,7 @@ ARGUMENT_CLASSES = {
     "rollout": "swift.pipelines.rollout:RolloutArguments",
     "deploy": "swift.pipelines.deploy:DeployArguments",
     "merge-lora": "swift.pipelines.merge_lora:MergeLoraArguments",
+    "export": "swift.pipelines.export:ExportArguments",
     "attack": "swift.safety.attack:AttackArguments",
     "estimate": "swift.safety.estimate:EstimateArguments",
     "app": "swift.pipelines.app:AppArguments",
@@ -161,9 +163,9 @@ def help_text(command: str) -> str:
     for path in sorted(sources):
         st = os.stat(path)
         h.update(f"\0{os.path.relpath(path, root)}:{st.st_size}:{st.st_mtime_ns}".encode())
-    base = os.environ.get("SWIFT_CACHE_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "swift")
-    path = os.path.join(base, "help", f"{command}-{h.hexdigest()[:20]}.txt")
+    from swift.utils.io import cache_home
+
+    path = os.path.join(cache_home(), "help", f"{command}-{h.hexdigest()[:20]}.txt")
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()

@@ -108,21 +108,27 @@ def checkpoint_dtype(model: str, *, use_hf: bool = False) -> str:
     return "float32"
 
 
+def merged_model(base: str, adapters: list[str], *, torch_dtype: str = "auto", use_hf: bool = False):
+    """(model, tokenizer): `base` with `adapters` folded in, in order, in the base checkpoint's dtype
+    for `auto` (load_model's `auto` would give float32 on a CPU)."""
+    dtype = checkpoint_dtype(base, use_hf=use_hf) if torch_dtype == "auto" else torch_dtype
+    task_type, num_labels = head_of(adapters[0]) if adapters else ("causal_lm", None)
+    model, tokenizer, _ = load_model(base, use_hf=use_hf, torch_dtype=dtype, task_type=task_type,
+                                     num_labels=num_labels)
+    from peft import PeftModel  # imported here: `swift deploy/infer` without adapters start without peft
+
+    for adapter in adapters:
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        logger.info(f"merged {adapter}")
+    return model, tokenizer
+
+
 def merge_lora_main(args: MergeLoraArguments | list[str] | None = None) -> dict[str, Any]:
     a = resolve_args(MergeLoraArguments, args, "swift merge-lora")
     base = a.model or base_model_of(a.adapters[0])
     if os.path.abspath(a.output_dir) in {os.path.abspath(p) for p in a.adapters}:
         raise SwiftError("--output_dir must differ from the adapter directory (the adapter would be overwritten)")
-    # `auto` keeps the base checkpoint's dtype (load_model's `auto` would give float32 on a CPU)
-    dtype = checkpoint_dtype(base, use_hf=a.use_hf) if a.torch_dtype == "auto" else a.torch_dtype
-    task_type, num_labels = head_of(a.adapters[0])
-    model, tokenizer, _ = load_model(base, use_hf=a.use_hf, torch_dtype=dtype, task_type=task_type,
-                                     num_labels=num_labels)
-    from peft import PeftModel  # imported here: `swift deploy/infer` without adapters start without peft
-
-    for adapter in a.adapters:
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-        logger.info(f"merged {adapter}")
+    model, tokenizer = merged_model(base, a.adapters, torch_dtype=a.torch_dtype, use_hf=a.use_hf)
     model.config._name_or_path = a.output_dir
     model.save_pretrained(a.output_dir, safe_serialization=a.safe_serialization)
     tokenizer.save_pretrained(a.output_dir)

@@ -39,3 +39,9 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def cache_home() -> str:
+    """The user's cache folder for swift: `$SWIFT_CACHE_HOME`, else `$XDG_CACHE_HOME/swift`, else `~/.cache/swift`."""
+    return os.environ.get("SWIFT_CACHE_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "swift")

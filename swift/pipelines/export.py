@@ -1,0 +1,322 @@
+"""`swift export`: merge LoRA adapters, write GGUF for llama.cpp (f16, q8_0, q4_k_m) and an Ollama
+Modelfile beside it, with ms-swift's flag names.
+
+Everything is written into a staging folder beside `--output_dir` and moved there only when the
+whole export succeeded, so a failed export leaves nothing half-written behind.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+from swift.arguments.base import ComposedArguments
+from swift.pipelines.base import resolve_args
+from swift.utils.io import read_json, write_json
+from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
+
+logger = get_logger(__name__)
+TEMPLATE_FILES = ("tokenizer_config.json", "chat_template.jinja")
+# `{% generation %}` marks the assistant's tokens for training (transformers' return_assistant_tokens_mask);
+# it renders nothing, and runtimes' template engines (llama.cpp's, Ollama's import) do not know the tag
+GENERATION_TAG = re.compile(r"{%-?\s*(end)?generation\s*-?%}")
+
+
+@dataclass
+class ExportOptions:
+    model: str | None = field(default=None, metadata={
+        "help": "The model to export (a local directory, a hub id or builtin:...); with --adapters, read from the "
+                "adapter's args.json / adapter_config.json when omitted."})
+    adapters: list[str] = field(default_factory=list, metadata={
+        "help": "LoRA adapter directories, folded into the model (in order) before anything is written."})
+    output_dir: str | None = field(default=None, metadata={
+        "help": "Where the export goes (default: <adapter or model name>-<merged|gguf-TYPE|ollama>)."})
+    exist_ok: bool = field(default=False, metadata={
+        "help": "Write into an --output_dir that already has files (they are replaced only by files of the same "
+                "name, once the export succeeded)."})
+    merge_lora: bool = field(default=False, metadata={
+        "help": "Write the model with --adapters merged into it, as a standalone HF checkpoint."})
+    torch_dtype: str = field(default="auto", metadata={
+        "help": "dtype of merged weights (auto: the base checkpoint's dtype)."})
+    safe_serialization: bool = field(default=True, metadata={"help": "Save HF weights as safetensors."})
+    max_shard_size: str = field(default="5GB", metadata={"help": "Largest HF weight file (e.g. 5GB, 500MB)."})
+    use_hf: bool = field(default=False, metadata={"help": "Download a hub model from the HF hub instead of ModelScope."})
+    to_gguf: bool = field(default=False, metadata={
+        "help": "Write a GGUF file for llama.cpp / Ollama with llama.cpp's converter (the [gguf] extra)."})
+    gguf_type: str = field(default="f16", metadata={
+        "help": "GGUF weight type, as llama.cpp names it: f16, q8_0 (by the converter) or q4_k_m (by its quantizer)."})
+    llama_cpp_dir: str | None = field(default=None, metadata={
+        "help": "A llama.cpp checkout whose convert_hf_to_gguf.py to use (default: $LLAMA_CPP_DIR, else the one in "
+                "the installed llama-cpp-python's source, fetched once from the package index)."})
+    to_ollama: bool = field(default=False, metadata={
+        "help": "Write an Ollama Modelfile (FROM the GGUF written beside it, TEMPLATE read off the chat template); "
+                "implies --to_gguf."})
+    quant_method: str | None = field(default=None, metadata={
+        "help": "Quantize the (merged) model into an HF checkpoint that transformers loads: bnb (bitsandbytes; the "
+                "[qlora] extra)."})
+    quant_bits: int | None = field(default=None, metadata={"help": "4 or 8 (bnb)."})
+    bnb_4bit_quant_type: str = field(default="nf4", metadata={"help": "bnb 4-bit: nf4 or fp4."})
+    bnb_4bit_use_double_quant: bool = field(default=True, metadata={"help": "bnb 4-bit: quantize the scales too."})
+    bnb_4bit_compute_dtype: str | None = field(default=None, metadata={
+        "help": "bnb 4-bit: dtype of the matmuls, saved in the checkpoint's config (default: --torch_dtype)."})
+    bnb_4bit_quant_storage: str | None = field(default=None, metadata={
+        "help": "bnb 4-bit: dtype the packed weights are stored in (default uint8)."})
+    to_mcore: bool = field(default=False, metadata={"help": "Refused: this project has no Megatron backend."})
+    to_hf: bool = field(default=False, metadata={"help": "Refused: this project has no Megatron backend."})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.adapters, str):
+            self.adapters = [self.adapters]
+        for flag in ("to_mcore", "to_hf"):
+            if getattr(self, flag):
+                raise SwiftError(f"--{flag}: Megatron-Core checkpoints are not made here (this project trains with "
+                                 "HF models, DeepSpeed and FSDP only, so there is nothing to convert to or from)")
+        from swift.export.gguf import GGUF_TYPES
+
+        if self.gguf_type not in GGUF_TYPES:
+            raise SwiftError(f"--gguf_type {self.gguf_type!r} is not one of {', '.join(GGUF_TYPES)}")
+        if self.to_ollama:
+            self.to_gguf = True
+        self._check_quant()
+        if not (self.merge_lora or self.to_gguf or self.quant_method):
+            raise SwiftError("nothing to export: pass --merge_lora true, --quant_method bnb, --to_gguf true or "
+                             "--to_ollama true")
+        if self.merge_lora and not self.adapters:
+            raise SwiftError("--merge_lora needs --adapters (the LoRA adapters to merge)")
+        for path in self.adapters:
+            if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+                raise SwiftError(f"--adapters {path}: no adapter_config.json there (not a LoRA adapter directory)")
+        if not self.model and not self.adapters:
+            raise SwiftError("--model is required (or --adapters, whose base model is read from them)")
+        if self.output_dir is None:
+            source = (self.adapters[-1] if self.adapters else self.model).rstrip("/")
+            suffix = ("ollama" if self.to_ollama else f"gguf-{self.gguf_type}" if self.to_gguf
+                      else f"bnb-int{self.quant_bits}" if self.quant_method else "merged")
+            self.output_dir = os.path.basename(source.replace("builtin:", "")) + f"-{suffix}" \
+                if not self.adapters else f"{source}-{suffix}"
+        if os.path.isdir(self.output_dir) and os.listdir(self.output_dir) and not self.exist_ok:
+            raise SwiftError(f"--output_dir {self.output_dir} already has files; pass --exist_ok true to write into it")
+        if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
+            raise SwiftError(f"--output_dir {self.output_dir} is a file")
+        sources = {os.path.abspath(p) for p in self.adapters}
+        if self.model and os.path.isdir(self.model):
+            sources.add(os.path.abspath(self.model))
+        if os.path.abspath(self.output_dir) in sources:
+            raise SwiftError(f"--output_dir {self.output_dir} is one of the inputs (it would be overwritten)")
+
+
+    def _check_quant(self) -> None:
+        if self.quant_method in ("gptq", "awq", "fp8", "gptq_v2"):
+            raise SwiftError(f"--quant_method {self.quant_method} is not built yet: this version exports bnb "
+                             "(bitsandbytes 4/8-bit) HF checkpoints and GGUF (--to_gguf --gguf_type q8_0|q4_k_m)")
+        if self.quant_method not in (None, "bnb"):
+            raise SwiftError(f"--quant_method {self.quant_method!r} is not one of bnb, gptq, awq, fp8")
+        if self.quant_method is None:
+            set_bnb = [f for f in ("quant_bits", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage")
+                       if getattr(self, f) is not None]
+            set_bnb += [f for f, default in (("bnb_4bit_quant_type", "nf4"), ("bnb_4bit_use_double_quant", True))
+                        if getattr(self, f) != default]
+            if set_bnb:
+                raise SwiftError(f"--{set_bnb[0]} is read only with --quant_method bnb")
+            return
+        if self.quant_bits not in (4, 8):
+            raise SwiftError(f"--quant_method bnb needs --quant_bits 4 or 8, got {self.quant_bits}")
+        if self.quant_bits == 8:
+            set_4bit = [f for f in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage") if getattr(self, f) is not None]
+            if self.bnb_4bit_quant_type != "nf4" or not self.bnb_4bit_use_double_quant or set_4bit:
+                raise SwiftError("--bnb_4bit_* flags are read only with --quant_bits 4")
+        if self.bnb_4bit_quant_type not in ("nf4", "fp4"):
+            raise SwiftError(f"--bnb_4bit_quant_type {self.bnb_4bit_quant_type!r} is not one of nf4, fp4")
+        for flag in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+            value = getattr(self, flag)
+            if value is not None and value not in ("float32", "bfloat16", "float16", "uint8"):
+                raise SwiftError(f"--{flag} {value!r} is not one of float32, bfloat16, float16, uint8")
+        if self.to_gguf:
+            raise SwiftError("--quant_method makes an HF checkpoint; a GGUF is quantized by --gguf_type q8_0|q4_k_m")
+        if self.merge_lora:
+            raise SwiftError("--merge_lora with --quant_method: the adapters are merged before quantizing anyway, and "
+                             "the output folder holds the quantized checkpoint; leave --merge_lora out")
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise SwiftError('--quant_method bnb needs bitsandbytes (the [qlora] extra): pip install -e ".[qlora]"')
+
+
+class ExportArguments(ComposedArguments):
+    """`swift export`: merged and converted models for other runtimes."""
+
+    parts: ClassVar[dict[str, type]] = {"options": ExportOptions}
+
+
+def _without_generation_tags(folder: str) -> None:
+    for name in TEMPLATE_FILES:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        if name.endswith(".json"):
+            config = read_json(path)
+            if isinstance(config.get("chat_template"), str):
+                config["chat_template"] = GENERATION_TAG.sub("", config["chat_template"])
+                write_json(path, config)
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(GENERATION_TAG.sub("", text))
+
+
+def _has_weights(folder: str) -> bool:
+    return any(n.endswith((".safetensors", ".bin")) and not n.startswith("training_args") for n in os.listdir(folder))
+
+
+def _hf_source(a, staging: str, scratch: str) -> str:
+    """An HF checkpoint folder of the model to export, adapters merged: `<staging>` itself with
+    --merge_lora (it is part of the export), a folder in `scratch` when it had to be written, else
+    the model's own folder."""
+    from swift.model.loader import resolve_model_dir
+    from swift.pipelines.merge_lora import base_model_of, merged_model
+
+    base = a.model or base_model_of(a.adapters[0])
+    model_dir, builtin = resolve_model_dir(base, use_hf=a.use_hf)
+    if not (a.adapters or builtin or not _has_weights(model_dir)):
+        return model_dir
+    target = staging if a.merge_lora else os.path.join(scratch, "hf")
+    model, tokenizer = merged_model(base, a.adapters, torch_dtype=a.torch_dtype, use_hf=a.use_hf)
+    model.config._name_or_path = a.output_dir
+    model.save_pretrained(target, safe_serialization=a.safe_serialization, max_shard_size=a.max_shard_size)
+    tokenizer.save_pretrained(target)
+    if a.merge_lora:
+        write_json(os.path.join(target, "export_args.json"), {**a.to_dict(), "model": base})
+    return target
+
+
+def _runtime_view(hf_dir: str, scratch: str) -> str:
+    """`hf_dir` as runtimes read it: its files linked, but the chat template without the training-only
+    `{% generation %}` tags (the HF checkpoints written keep them: training on them needs the tags)."""
+    view = os.path.join(scratch, "runtime")
+    os.makedirs(view)
+    for name in os.listdir(hf_dir):
+        src = os.path.join(hf_dir, name)
+        if os.path.isfile(src):
+            if name in TEMPLATE_FILES:
+                shutil.copyfile(src, os.path.join(view, name))
+            else:
+                os.symlink(os.path.abspath(src), os.path.join(view, name))
+    _without_generation_tags(view)
+    return view
+
+
+def _check_gguf_tokenizer(gguf_path: str, hf_dir: str) -> None:
+    """The GGUF's tokenizer (run by llama.cpp) splits text as the model's own does; a pre-tokenizer that
+    llama.cpp names differently would otherwise give a file that loads and answers wrongly."""
+    import llama_cpp
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    llm = llama_cpp.Llama(model_path=gguf_path, vocab_only=True, verbose=False)
+    samples = ["What is 46 + 18? Answer: 64.", "  two  spaces\tand a tab\n\nnew lines 3.14 1,000,000",
+               "I've been told he's there; 'RE you sure?", "naïve café — 東京 🦙"]
+    if tokenizer.chat_template:
+        samples.append(tokenizer.apply_chat_template([{"role": "user", "content": "12+7=?"}], tokenize=False,
+                                                     add_generation_prompt=True))
+    for text in samples:
+        ours = tokenizer.encode(text, add_special_tokens=False)
+        theirs = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        if ours != theirs:
+            raise SwiftError(f"--to_gguf: llama.cpp splits {text!r} into other tokens than the model's tokenizer does "
+                             "(a tokenizer llama.cpp's converter does not support)")
+
+
+def _quantize_bnb(a, hf_dir: str, staging: str) -> None:
+    """A bitsandbytes checkpoint: the model loaded with `BitsAndBytesConfig` (its linear layers quantized
+    as they load), saved with its quantization config, so transformers loads it quantized again."""
+    from swift.model import load_model
+    from swift.model.loader import bnb_config
+
+    from swift.pipelines.merge_lora import checkpoint_dtype
+
+    # the unquantized layers (embeddings, norms) keep the checkpoint's dtype, as --torch_dtype auto means here
+    dtype = checkpoint_dtype(hf_dir) if a.torch_dtype == "auto" else a.torch_dtype
+    flags = {f: getattr(a, f) for f in ("quant_bits", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+                                         "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage")}
+    model, tokenizer, _ = load_model(hf_dir, torch_dtype=dtype,
+                                     quantization=bnb_config(SimpleNamespace(**flags, torch_dtype=dtype)))
+    model.config._name_or_path = a.output_dir
+    model.save_pretrained(staging, safe_serialization=a.safe_serialization, max_shard_size=a.max_shard_size)
+    tokenizer.save_pretrained(staging)
+
+
+def _publish(staging: str, output_dir: str) -> None:
+    if not os.path.isdir(output_dir):
+        os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
+        os.rename(staging, output_dir)
+        return
+    for name in os.listdir(staging):
+        dst = os.path.join(output_dir, name)
+        if os.path.isdir(dst) and not os.path.islink(dst):
+            shutil.rmtree(dst)
+        os.replace(os.path.join(staging, name), dst)
+    os.rmdir(staging)
+
+
+def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, Any]:
+    a = resolve_args(ExportArguments, args, "swift export")
+    if a.to_gguf:
+        from swift.export.gguf import llama_cpp_version
+
+        llama_cpp_version()  # the extra is there before any work
+    parent = os.path.dirname(os.path.abspath(a.output_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(a.output_dir)}.partial-")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private; the export is an ordinary folder
+    scratch = tempfile.mkdtemp(prefix="swift-export-")
+    result: dict[str, Any] = {"output_dir": a.output_dir}
+    try:
+        hf_dir = _hf_source(a, staging, scratch)
+        if a.merge_lora:
+            result["merged"] = a.output_dir
+        if a.quant_method:
+            _quantize_bnb(a, hf_dir, staging)
+            result["quantized"] = a.output_dir
+        if a.to_gguf:
+            from swift.export.gguf import convert
+
+            name = f"model-{a.gguf_type}.gguf"
+            hf_dir = _runtime_view(hf_dir, scratch)
+            convert(hf_dir, os.path.join(staging, name), a.gguf_type, a.llama_cpp_dir,
+                    " + ".join([a.model or '', *a.adapters]).strip(" +"))
+            _check_gguf_tokenizer(os.path.join(staging, name), hf_dir)
+            result["gguf"] = os.path.join(a.output_dir, name)
+            if a.to_ollama:
+                from transformers import AutoTokenizer, GenerationConfig
+
+                from swift.export.ollama import modelfile
+
+                tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+                stop = [tokenizer.eos_token] if tokenizer.eos_token else []
+                try:
+                    eos = GenerationConfig.from_pretrained(hf_dir).eos_token_id
+                    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+                    stop += [tokenizer.convert_ids_to_tokens(i) for i in ids]
+                except OSError:  # no generation_config.json
+                    pass
+                with open(os.path.join(staging, "Modelfile"), "w", encoding="utf-8") as f:
+                    f.write(modelfile(tokenizer, name, stop))
+                result["modelfile"] = os.path.join(a.output_dir, "Modelfile")
+        _publish(staging, a.output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    for key in ("merged", "quantized", "gguf", "modelfile"):
+        if key in result:
+            logger.info(f"{key}: {result[key]}")
+    return result

@@ -1,0 +1,257 @@
+"""`swift export`: each format is checked by the runtime it is for. The GGUF files are loaded and run
+by llama.cpp (llama-cpp-python) and answer the quickstart's held-out sums as our engine does."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from swift.utils.registry import SwiftError
+from tests.conftest import SWIFT
+
+
+
+def export(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*SWIFT, "export", *flags], capture_output=True, text=True)
+
+
+def held_out():
+    from swift.dataset.loader import load_rows
+
+    return load_rows(["builtin:arith-sft:eval"]).rows
+
+
+def our_answers(model_dir: str, rows) -> list[str]:
+    from swift.infer.protocol import InferRequest, RequestConfig
+    from swift.infer.transformers_engine import TransformersEngine
+    from swift.model import load_model
+    from swift.template import get_template
+
+    model, tokenizer, _ = load_model(model_dir, torch_dtype="float32")
+    engine = TransformersEngine(model, tokenizer, get_template("jinja", tokenizer), inline=True)
+    try:
+        requests = [InferRequest(messages=r["messages"][:1]) for r in rows]
+        out = engine.infer(requests, RequestConfig(max_tokens=8, temperature=0.0))
+    finally:
+        engine.close()
+    return [o.choices[0].text for o in out]
+
+
+def llama_answers(gguf: str, model_dir: str, rows) -> list[str]:
+    """Greedy answers of llama.cpp on the prompts as the chat template renders them, tokenized by
+    llama.cpp's own tokenizer from the GGUF."""
+    import llama_cpp
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=256, n_threads=2, verbose=False, seed=0)
+    answers = []
+    for r in rows:
+        prompt = tokenizer.apply_chat_template(r["messages"][:1], tokenize=False, add_generation_prompt=True)
+        out = llm.create_completion(prompt, max_tokens=8, temperature=0.0, stop=["<|im_end|>"])
+        answers.append(out["choices"][0]["text"])
+    return answers
+
+
+@pytest.fixture(scope="module")
+def reference(quickstart):
+    _, out = quickstart
+    model_dir = os.path.join(out, "sft")
+    rows = held_out()
+    return model_dir, rows, our_answers(model_dir, rows)
+
+
+def test_gguf_f16_and_the_modelfile_answer_as_our_engine(reference, tmp_path):
+    import llama_cpp
+
+    model_dir, rows, ours = reference
+    out = tmp_path / "ollama"
+    proc = export("--model", model_dir, "--to_ollama", "true", "--output_dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["Modelfile", "model-f16.gguf"]
+    theirs = llama_answers(str(out / "model-f16.gguf"), model_dir, rows)
+    assert theirs == ours
+    assert sum(a == r["solution"] for a, r in zip(ours, rows)) / len(rows) > 0.8  # a model that really adds
+    # the GGUF carries the chat template (without the training-only {% generation %} tags): llama.cpp's
+    # chat completion renders it itself
+    llm = llama_cpp.Llama(model_path=str(out / "model-f16.gguf"), n_ctx=256, verbose=False)
+    assert "endgeneration" not in llm.metadata["tokenizer.chat_template"]
+    for r, expected in list(zip(rows, ours))[:20]:
+        chat = llm.create_chat_completion(messages=r["messages"][:1], max_tokens=8, temperature=0.0)
+        assert chat["choices"][0]["message"]["content"] == expected
+    modelfile = (out / "Modelfile").read_text()
+    assert modelfile.startswith("FROM ./model-f16.gguf\nTEMPLATE \"\"\"{{ range .Messages }}")
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile
+
+
+@pytest.mark.parametrize("gguf_type,agreement", [("q8_0", 0.99), ("q4_k_m", 0.9)])
+def test_quantized_gguf_mostly_answers_as_our_engine(reference, tmp_path, gguf_type, agreement):
+    model_dir, rows, ours = reference
+    out = tmp_path / gguf_type
+    proc = export("--model", model_dir, "--to_gguf", "true", "--gguf_type", gguf_type, "--output_dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gguf = out / f"model-{gguf_type}.gguf"
+    import gguf as gguf_py
+    import llama_cpp
+
+    reader = gguf_py.GGUFReader(str(gguf))
+    file_type = int(reader.fields["general.file_type"].parts[-1][0])
+    assert file_type == getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{gguf_type.upper()}")
+    # every matrix is quantized: llama.cpp's k-quants need rows of 256 numbers, so on this model (rows of 128
+    # and 384) its quantizer falls back to q5_0 for q4_k_m's 4-bit tensors (and q8_0 for the 6-bit ones)
+    matrices = {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
+    assert matrices == ({"Q8_0"} if gguf_type == "q8_0" else {"Q5_0", "Q8_0"}), matrices
+    theirs = llama_answers(str(gguf), model_dir, rows)
+    same = sum(a == b for a, b in zip(theirs, ours)) / len(rows)
+    assert same >= agreement, same
+
+
+def test_merged_lora_equals_the_adapter_and_converts(tmp_path, tiny):
+    import llama_cpp
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer, _ = tiny
+    base_dir, adapter_dir = tmp_path / "base", tmp_path / "lora"
+    model.save_pretrained(base_dir)
+    tokenizer.save_pretrained(base_dir)
+    torch.manual_seed(0)  # init_lora_weights=False: B is random too, so the adapter changes the outputs
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)).save_pretrained(
+        adapter_dir)
+    out = tmp_path / "merged"
+    proc = export("--adapters", str(adapter_dir), "--merge_lora", "true", "--to_gguf", "true",
+                  "--output_dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"config.json", "model.safetensors", "tokenizer.json", "model-f16.gguf"} <= set(os.listdir(out))
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter_dir).eval()
+    ids = tokenizer(["12+34=46", "7+5=12"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected, got = reference(**ids).logits, merged(**ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(base_dir)(**ids).logits
+    assert (expected - plain).abs().max() > 1e-2
+    assert (got - expected).abs().max() < 1e-4
+    # llama.cpp's logits of the merged GGUF (f16 weights) follow the adapter's
+    llm = llama_cpp.Llama(model_path=str(out / "model-f16.gguf"), n_ctx=64, logits_all=True, verbose=False)
+    tokens = tokenizer("12+34=46")["input_ids"]
+    llm.eval(tokens)
+    theirs = torch.tensor(llm.scores[:len(tokens)])
+    assert (theirs - expected[0, :len(tokens)]).abs().max() < 0.05
+    assert (theirs - plain[0, :len(tokens)]).abs().max() > 0.05
+
+
+def test_refusals_leave_nothing_behind(tmp_path, tiny):
+    from swift.pipelines.export import export_main
+
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("mine")
+    proc = export("--model", "builtin:tiny-chat", "--to_gguf", "true", "--output_dir", str(existing))
+    assert proc.returncode == 1
+    assert "--output_dir" in proc.stderr.strip().splitlines()[-1] and "--exist_ok" in proc.stderr
+    assert (existing / "keep.txt").read_text() == "mine"
+    for flags, message in [(["--to_mcore", "true"], "Megatron"), (["--to_hf", "true"], "Megatron"),
+                           (["--to_gguf", "true", "--gguf_type", "q5_0"], "--gguf_type"),
+                           ([], "nothing to export"), (["--merge_lora", "true"], "--merge_lora needs --adapters")]:
+        with pytest.raises(SwiftError, match=message):
+            export_main(["--model", "builtin:tiny-chat", *flags])
+    # an adapter whose base model is gone
+    adapter = tmp_path / "orphan"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tmp_path / "gone"),
+                                                             "peft_type": "LORA"}))
+    proc = export("--adapters", str(adapter), "--merge_lora", "true", "--output_dir", str(tmp_path / "o1"))
+    assert proc.returncode == 1 and "gone" in proc.stderr.strip().splitlines()[-1]
+    # a tokenizer llama.cpp cannot run (a word-level vocabulary): refused, nothing written
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model, tokenizer, _ = tiny
+    words = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "b": 2}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    odd = tmp_path / "word-level"
+    model.save_pretrained(odd)
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="<unk>").save_pretrained(odd)
+    out = tmp_path / "o2"
+    proc = export("--model", str(odd), "--to_gguf", "true", "--output_dir", str(out))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"swift export: error: --to_gguf: llama.cpp's converter failed on {odd}"), proc.stderr[-2000:]
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if ".partial-" in p]
+
+
+def test_without_the_extra_one_line_names_it(tmp_path):
+    blocker = tmp_path / "no_llama"
+    blocker.mkdir()
+    (blocker / "llama_cpp.py").write_text("raise ImportError('not installed')\n")
+    env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([*SWIFT, "export", "--model", "builtin:tiny-chat", "--to_gguf", "true",
+                           "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1
+    assert '[gguf]' in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("template", ["qwen2_5.jinja", "llama3_2.jinja", None])
+def test_the_modelfile_template_renders_what_the_chat_template_renders(tokenizer, template):
+    """The TEMPLATE's loop (composed here in Python, as Ollama's Go template runs it) gives the chat
+    template's text for conversations with and without a system prompt (SYSTEM supplies the default)."""
+    import copy
+
+    from swift.export.ollama import compose, modelfile, read_wrappers
+
+    tok = copy.deepcopy(tokenizer)
+    if template:
+        path = os.path.join(os.path.dirname(__file__), "..", "data", "chat_templates", template)
+        tok.chat_template = open(path).read()
+    wrappers, gen, default_system = read_wrappers(tok)
+    conversations = [
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        [{"role": "user", "content": "12+7=?"}, {"role": "assistant", "content": "19"},
+         {"role": "user", "content": "and 3+4?"}],
+    ]
+    for messages in conversations:
+        expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if tok.bos_token and expected.startswith(tok.bos_token):
+            expected = expected[len(tok.bos_token):]
+        if messages[0]["role"] != "system" and default_system is not None:
+            messages = [{"role": "system", "content": default_system}, *messages]
+        assert compose(wrappers, gen, messages) == expected
+    text = modelfile(tok, "model-f16.gguf", ["<|im_end|>"])
+    assert ("SYSTEM" in text) == (default_system is not None)
+
+
+@pytest.mark.parametrize("bits,layer", [(4, "Linear4bit"), (8, "Linear8bitLt")])
+def test_bnb_checkpoint_loads_in_swift_infer_and_deploy(reference, tmp_path, bits, layer):
+    """A bitsandbytes checkpoint (transformers loads it quantized from its config): `swift infer` answers
+    the held-out sums as the unquantized model mostly does, and `swift deploy` serves it to the openai client."""
+    from openai import OpenAI
+
+    from swift.model import load_model
+    from tests.deploy.serving import deploy
+
+    model_dir, rows, ours = reference
+    out = tmp_path / f"bnb{bits}"
+    proc = export("--model", model_dir, "--quant_method", "bnb", "--quant_bits", str(bits), "--output_dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "config.json").read_text())["quantization_config"][f"load_in_{bits}bit"] is True
+    loaded = load_model(str(out))[0]
+    assert type(loaded.model.layers[0].mlp.up_proj).__name__ == layer
+    n = 120
+    result = tmp_path / "infer.jsonl"
+    proc = subprocess.run([*SWIFT, "infer", "--model", str(out), "--val_dataset", f"builtin:arith-sft:eval#{n}",
+                           "--max_new_tokens", "8", "--result_path", str(result)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    unquantized = {r["messages"][0]["content"]: a for r, a in zip(rows, ours)}
+    results = [json.loads(line) for line in result.read_text().splitlines()]
+    assert len(results) == n
+    same = sum(r["response"] == unquantized[r["messages"][0]["content"]] for r in results) / n
+    assert same >= 0.95, same
+    with deploy("--model", str(out), "--served_model_name", "q") as base:
+        client = OpenAI(base_url=base + "/v1", api_key="-")
+        reply = client.chat.completions.create(model="q", messages=results[0]["messages"], max_tokens=8,
+                                               temperature=0)
+    assert reply.choices[0].message.content == results[0]["response"]
