@@ -15,6 +15,7 @@ _LAZY = {
     "sft_main": "swift.pipelines.train",
     "pt_main": "swift.pipelines.train",
     "merge_lora_main": "swift.pipelines.merge_lora",
+    "export_main": "swift.pipelines.export",
     "rlhf_main": "swift.pipelines.rlhf",
     "infer_main": "swift.pipelines.infer",
     "deploy_main": "swift.pipelines.deploy",
@@ -23,10 +24,12 @@ _LAZY = {
     "PtArguments": "swift.arguments",
     "TrainArguments": "swift.arguments",
     "MergeLoraArguments": "swift.pipelines.merge_lora",
+    "ExportArguments": "swift.pipelines.export",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from swift.arguments import PtArguments, SftArguments, TrainArguments  # noqa: F401
+    from swift.pipelines.export import ExportArguments, export_main  # noqa: F401
     from swift.pipelines.merge_lora import MergeLoraArguments, merge_lora_main  # noqa: F401
     from swift.pipelines.train import pt_main, sft_main  # noqa: F401
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 _ENGINE = "this version's engines are transformers and vllm (--infer_backend)"
 _MULTIMODAL = "multimodal models are not supported (text-only causal LMs)"
 _NO_TUNER = "this tuner is not implemented (--tuner_type lora|full)"
-_QUANT = ("only bitsandbytes loading is implemented (--quant_bits 4 or 8, QLoRA); exporting quantized models (GPTQ/AWQ) "
-          "and HQQ are not")
+_QUANT = ("only bitsandbytes is implemented (QLoRA loading; `swift export --quant_method bnb`) besides GGUF export; "
+          "GPTQ/AWQ/FP8 export and HQQ are not")
 _VLLM_PARALLEL = "each vLLM engine runs on one device here; parallel layouts are not wired up"
 
 REASONS: dict[str, tuple[str, ...]] = {
@@ -108,7 +108,8 @@ REASONS: dict[str, tuple[str, ...]] = {
               "sglang_speculative_algorithm", "sglang_speculative_num_steps", "sglang_speculative_eagle_topk",
               "sglang_speculative_num_draft_tokens", "lmdeploy_tp", "lmdeploy_session_len",
               "lmdeploy_cache_max_entry_count", "lmdeploy_quant_policy", "lmdeploy_vision_batch_size"),
-    "adapters are merged with `swift merge-lora` before serving a merged model": ("merge_lora", "max_shard_size"),
+    "adapters are merged with `swift merge-lora` or `swift export --merge_lora true` before serving a merged model":
+        ("merge_lora", "max_shard_size"),
     # -- rlhf ----------------------------------------------------------------------------------------
     "reference, reward and teacher models load as given (no separate adapters, model types or revisions)":
         ("ref_model_type", "ref_model_revision", "reward_adapters", "reward_model_type",
@@ -142,10 +143,10 @@ REASONS: dict[str, tuple[str, ...]] = {
     "the OpenAI server's fixed fields and request logging are not configurable":
         ("owned_by", "verbose", "log_interval"),
     "at most 20 top log-probs per token are returned": ("max_logprobs",),
-    "`swift export` is not in this version (LoRA merging: `swift merge-lora`)":
-        ("exist_ok", "to_cached_dataset", "template_mode", "to_ollama", "to_mcore", "to_hf", "mcore_model",
-         "mcore_adapters", "thread_count", "offload_bridge", "test_convert_precision", "test_convert_dtype",
-         "commit_message"),
+    "`swift export` converts no Megatron-Core checkpoints and caches no datasets (it merges, quantizes with bnb and "
+    "writes GGUF)":
+        ("template_mode", "mcore_model", "mcore_adapters", "thread_count", "offload_bridge", "test_convert_precision",
+         "test_convert_dtype"),
     "MCTS and distill caches are not implemented; an interrupted `swift sample` continues with --resume":
         ("cache_files",),
 }

@@ -22,3 +22,31 @@ def snapshot_download(repo_id: str, *, use_hf: bool, revision: str | None = None
         raise SwiftError(
             f"cannot download {repo_type} '{repo_id}' from the {hub} hub ({reason}); "
             f"the hub may be unreachable: pass a local path instead") from None
+
+
+def push_to_hub(folder: str, repo_id: str, *, use_hf: bool, token: str | None = None, private: bool = False,
+                commit_message: str = "update files") -> str:
+    """Upload every file of `folder` to the model repo `repo_id` (created when missing) on ModelScope
+    (default) or the Hugging Face hub (`$HF_ENDPOINT` names another server); returns the commit's URL or id."""
+    hub = "Hugging Face" if use_hf else "ModelScope"
+    try:
+        if use_hf:
+            from huggingface_hub import HfApi
+
+            api = HfApi(token=token)
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            return api.upload_folder(folder_path=folder, repo_id=repo_id, commit_message=commit_message).commit_url
+        from modelscope_hub.api import HubApi
+        from modelscope_hub.errors import AlreadyExistsError
+
+        api = HubApi(token=token)
+        try:
+            api.create_repo(repo_id, "model", visibility="private" if private else "public")
+        except AlreadyExistsError:
+            pass
+        info = api.upload_folder(repo_id, "model", folder, commit_message=commit_message)
+        return str(info.get("commit_url") or info) if isinstance(info, dict) else str(info)
+    except Exception as e:  # network and server errors come in many types across the two hub clients
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise SwiftError(f"--push_to_hub: cannot upload {folder} to '{repo_id}' on the {hub} hub ({reason}); "
+                         "the hub may be unreachable") from None

@@ -66,12 +66,44 @@ class ExportOptions:
         "help": "bnb 4-bit: dtype of the matmuls, saved in the checkpoint's config (default: --torch_dtype)."})
     bnb_4bit_quant_storage: str | None = field(default=None, metadata={
         "help": "bnb 4-bit: dtype the packed weights are stored in (default uint8)."})
+    push_to_hub: bool = field(default=False, metadata={
+        "help": "Upload the export (or, with nothing else to do, the --adapters / --model folder as it is) to "
+                "--hub_model_id on ModelScope, or on the HF hub with --use_hf true."})
+    hub_model_id: str | None = field(default=None, metadata={"help": "The repo to upload to (owner/name)."})
+    hub_token: str | None = field(default=None, metadata={
+        "help": "The hub's access token (default: the hub client's own login / environment)."})
+    hub_private_repo: bool = field(default=False, metadata={"help": "Create the repo private when it is missing."})
+    commit_message: str = field(default="update files", metadata={"help": "The upload's commit message."})
+    dataset: list[str] = field(default_factory=list, metadata={
+        "help": "Refused: calibration data, read only by GPTQ/AWQ, which this version does not build (bnb and GGUF "
+                "need none)."})
+    quant_n_samples: int | None = field(default=None, metadata={"help": "Refused: GPTQ/AWQ calibration."})
+    quant_batch_size: int | None = field(default=None, metadata={"help": "Refused: GPTQ/AWQ calibration."})
+    group_size: int | None = field(default=None, metadata={"help": "Refused: GPTQ/AWQ calibration."})
+    max_length: int | None = field(default=None, metadata={"help": "Refused: GPTQ/AWQ calibration."})
+    to_peft_format: bool = field(default=False, metadata={
+        "help": "Refused: adapters written by this version are in PEFT's format already."})
+    to_cached_dataset: bool = field(default=False, metadata={"help": "Refused: not built yet."})
+    dataset_num_proc: int | None = field(default=None, metadata={"help": "Refused: read by --to_cached_dataset."})
+    split_dataset_ratio: float | None = field(default=None, metadata={"help": "Refused: read by --to_cached_dataset."})
     to_mcore: bool = field(default=False, metadata={"help": "Refused: this project has no Megatron backend."})
     to_hf: bool = field(default=False, metadata={"help": "Refused: this project has no Megatron backend."})
 
     def __post_init__(self) -> None:
         if isinstance(self.adapters, str):
             self.adapters = [self.adapters]
+        if self.to_cached_dataset:
+            raise SwiftError("--to_cached_dataset is not built yet: each training run encodes its rows")
+        for flag in ("dataset_num_proc", "split_dataset_ratio"):
+            if getattr(self, flag) is not None:
+                raise SwiftError(f"--{flag} is read by --to_cached_dataset, which is not built yet")
+        calibration = [f for f in ("quant_n_samples", "quant_batch_size", "group_size", "max_length")
+                       if getattr(self, f) is not None] + (["dataset"] if self.dataset else [])
+        if calibration:
+            raise SwiftError(f"--{calibration[0]} is calibration for GPTQ/AWQ, which this version does not build "
+                             "(bnb checkpoints and GGUF need no calibration data)")
+        if self.to_peft_format:
+            raise SwiftError("--to_peft_format: adapters written by this version are in PEFT's format already")
         for flag in ("to_mcore", "to_hf"):
             if getattr(self, flag):
                 raise SwiftError(f"--{flag}: Megatron-Core checkpoints are not made here (this project trains with "
@@ -82,10 +114,30 @@ class ExportOptions:
             raise SwiftError(f"--gguf_type {self.gguf_type!r} is not one of {', '.join(GGUF_TYPES)}")
         if self.to_ollama:
             self.to_gguf = True
+        if not self.to_gguf and (self.gguf_type != "f16" or self.llama_cpp_dir):
+            raise SwiftError(f"--{'gguf_type' if self.gguf_type != 'f16' else 'llama_cpp_dir'} is read only with "
+                             "--to_gguf true or --to_ollama true")
         self._check_quant()
-        if not (self.merge_lora or self.to_gguf or self.quant_method):
-            raise SwiftError("nothing to export: pass --merge_lora true, --quant_method bnb, --to_gguf true or "
-                             "--to_ollama true")
+        if self.push_to_hub and not self.hub_model_id:
+            raise SwiftError("--push_to_hub needs --hub_model_id (owner/name of the repo to upload to)")
+        if not self.push_to_hub:
+            unread = [f for f in ("hub_model_id", "hub_token") if getattr(self, f)]
+            unread += ["hub_private_repo"] if self.hub_private_repo else []
+            unread += ["commit_message"] if self.commit_message != "update files" else []
+            if unread:
+                raise SwiftError(f"--{unread[0]} is read only with --push_to_hub true")
+        if not (self.merge_lora or self.to_gguf or self.quant_method or self.push_to_hub):
+            raise SwiftError("nothing to export: pass --merge_lora true, --quant_method bnb, --to_gguf true, "
+                             "--to_ollama true or --push_to_hub true")
+        if self.push_to_hub and not (self.merge_lora or self.to_gguf or self.quant_method):
+            if self.adapters and self.model or len(self.adapters) > 1:
+                raise SwiftError("--push_to_hub alone uploads one folder: one of --adapters or --model")
+            if self.output_dir is not None:
+                raise SwiftError("--output_dir is not read when --push_to_hub uploads a folder as it is")
+            source = self.adapters[0] if self.adapters else self.model
+            if not os.path.isdir(source):
+                raise SwiftError(f"--push_to_hub uploads a local folder; {source} is not one")
+            return
         if self.merge_lora and not self.adapters:
             raise SwiftError("--merge_lora needs --adapters (the LoRA adapters to merge)")
         for path in self.adapters:
@@ -108,7 +160,6 @@ class ExportOptions:
             sources.add(os.path.abspath(self.model))
         if os.path.abspath(self.output_dir) in sources:
             raise SwiftError(f"--output_dir {self.output_dir} is one of the inputs (it would be overwritten)")
-
 
     def _check_quant(self) -> None:
         if self.quant_method in ("gptq", "awq", "fp8", "gptq_v2"):
@@ -264,8 +315,20 @@ def _publish(staging: str, output_dir: str) -> None:
     os.rmdir(staging)
 
 
+def _push(a, folder: str) -> str:
+    from swift.model.hub import push_to_hub
+
+    url = push_to_hub(folder, a.hub_model_id, use_hf=a.use_hf, token=a.hub_token, private=a.hub_private_repo,
+                      commit_message=a.commit_message)
+    logger.info(f"uploaded {folder} to {a.hub_model_id}: {url}")
+    return url
+
+
 def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, Any]:
     a = resolve_args(ExportArguments, args, "swift export")
+    if a.push_to_hub and not (a.merge_lora or a.to_gguf or a.quant_method):
+        folder = a.adapters[0] if a.adapters else a.model
+        return {"uploaded": folder, "hub_model_id": a.hub_model_id, "commit": _push(a, folder)}
     if a.to_gguf:
         from swift.export.gguf import llama_cpp_version
 
@@ -319,4 +382,6 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
     for key in ("merged", "quantized", "gguf", "modelfile"):
         if key in result:
             logger.info(f"{key}: {result[key]}")
+    if a.push_to_hub:  # the export is on disk whatever the upload does
+        result.update(uploaded=a.output_dir, hub_model_id=a.hub_model_id, commit=_push(a, a.output_dir))
     return result

@@ -45,7 +45,7 @@ def test_command_help_is_kept_and_reprinted_without_the_imports(tmp_path):
 def test_unknown_command_and_flag_exit_2_with_one_line():
     out = swift("stf")
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == ["swift: unknown command 'stf'. Did you mean 'sft'? Commands: pt, sft, rlhf, infer, eval, sample, rollout, deploy, merge-lora, attack, estimate, app, web-ui"]
+    assert out.stderr.strip().splitlines() == ["swift: unknown command 'stf'. Did you mean 'sft'? Commands: pt, sft, rlhf, infer, eval, sample, rollout, deploy, merge-lora, export, attack, estimate, app, web-ui"]
     out = swift("sft", "--model", "builtin:tiny-chat", "--datset", "x")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["swift sft: error: unknown flag '--datset'. Did you mean '--dataset'?"]

@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 import torch
+from fastapi import FastAPI, Request  # module level: the stand-in's handlers name Request in their annotations
+from fastapi.responses import JSONResponse
 
 from swift.utils.registry import SwiftError
 from tests.conftest import SWIFT
@@ -255,3 +257,88 @@ def test_bnb_checkpoint_loads_in_swift_infer_and_deploy(reference, tmp_path, bit
         reply = client.chat.completions.create(model="q", messages=results[0]["messages"], max_tokens=8,
                                                temperature=0)
     assert reply.choices[0].message.content == results[0]["response"]
+
+
+def hub_stand_in(token: str):
+    """A local stand-in of the Hugging Face hub's upload API (repo creation, preupload, commit), as
+    huggingface_hub calls it: answers every file as a regular (inline) upload and keeps what it gets."""
+    import base64
+
+    app = FastAPI()
+    app.state.repos, app.state.unknown = {}, []
+
+    def authorized(request: Request) -> bool:
+        return request.headers.get("authorization") == f"Bearer {token}"
+
+    @app.post("/api/repos/create")
+    async def create(request: Request):
+        if not authorized(request):
+            return JSONResponse({"error": "Invalid credentials"}, status_code=401)
+        body = await request.json()
+        repo_id = f"{body['organization']}/{body['name']}" if body.get("organization") else body["name"]
+        if repo_id in app.state.repos:
+            return JSONResponse({"error": "You already created this model repo", "url": f"/{repo_id}"},
+                                status_code=409)
+        app.state.repos[repo_id] = {"visibility": body.get("visibility"), "files": {}, "commits": []}
+        return {"url": f"{request.base_url}{repo_id}", "name": repo_id}
+
+    @app.post("/api/models/{owner}/{name}/preupload/{revision}")
+    async def preupload(owner: str, name: str, revision: str, request: Request):
+        body = await request.json()
+        return {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                          for f in body["files"]]}
+
+    @app.post("/api/models/{owner}/{name}/commit/{revision}")
+    async def commit(owner: str, name: str, revision: str, request: Request):
+        if not authorized(request):
+            return JSONResponse({"error": "Invalid credentials"}, status_code=401)
+        repo = app.state.repos[f"{owner}/{name}"]
+        for line in (await request.body()).decode().splitlines():
+            item = json.loads(line)
+            if item["key"] == "header":
+                repo["commits"].append(item["value"]["summary"])
+            elif item["key"] == "file":
+                repo["files"][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+        return {"commitUrl": f"{request.base_url}{owner}/{name}/commit/1", "commitOid": "1" * 40}
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "HEAD"])
+    async def anything_else(path: str, request: Request):
+        app.state.unknown.append(f"{request.method} /{path}")
+        return JSONResponse({"error": "not in the stand-in"}, status_code=404)
+
+    return app
+
+
+def test_push_to_hub_uploads_through_the_hubs_api(tmp_path, tiny):
+    from swift.pipelines.export import export_main
+    from tests.deploy.serving import serve_in_thread
+
+    model, tokenizer, _ = tiny
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    app = hub_stand_in(token="hf_secret")
+    with serve_in_thread(app) as base:
+        env = {**os.environ, "HF_ENDPOINT": base, "HF_HUB_DISABLE_XET": "1"}
+        # the merged export, uploaded after it is written
+        proc = subprocess.run([*SWIFT, "export", "--model", str(model_dir), "--to_gguf", "true",
+                               "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true", "--use_hf", "true",
+                               "--hub_model_id", "me/tiny-gguf", "--hub_token", "hf_secret",
+                               "--hub_private_repo", "true", "--commit_message", "tiny GGUF"],
+                              capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, (proc.stderr[-3000:], app.state.unknown)
+        repo = app.state.repos["me/tiny-gguf"]
+        assert repo["visibility"] == "private" and repo["commits"] == ["tiny GGUF"]
+        assert repo["files"]["model-f16.gguf"] == (tmp_path / "out" / "model-f16.gguf").read_bytes()
+        # a folder as it is, with a wrong token: one line, the hub's answer in it
+        proc = subprocess.run([*SWIFT, "export", "--model", str(model_dir), "--push_to_hub", "true", "--use_hf",
+                               "true", "--hub_model_id", "me/other", "--hub_token", "wrong"],
+                              capture_output=True, text=True, env=env)
+        assert proc.returncode == 1
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "--push_to_hub: cannot upload" in last and "me/other" in last
+    # the hub unreachable (ModelScope's default endpoint, no network here or a closed port): one line
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_XET": "1", "HF_HUB_ETAG_TIMEOUT": "2"}
+    proc = subprocess.run([*SWIFT, "export", "--model", str(model_dir), "--push_to_hub", "true", "--use_hf", "true",
+                           "--hub_model_id", "me/x", "--hub_token", "t"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1 and "the hub may be unreachable" in proc.stderr.strip().splitlines()[-1]
