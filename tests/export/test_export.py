@@ -320,16 +320,18 @@ def test_push_to_hub_uploads_through_the_hubs_api(tmp_path, tiny):
     app = hub_stand_in(token="hf_secret")
     with serve_in_thread(app) as base:
         env = {**os.environ, "HF_ENDPOINT": base, "HF_HUB_DISABLE_XET": "1"}
-        # the merged export, uploaded after it is written
-        proc = subprocess.run([*SWIFT, "export", "--model", str(model_dir), "--to_gguf", "true",
-                               "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true", "--use_hf", "true",
-                               "--hub_model_id", "me/tiny-gguf", "--hub_token", "hf_secret",
-                               "--hub_private_repo", "true", "--commit_message", "tiny GGUF"],
+        # an export, uploaded after it is written
+        proc = subprocess.run([*SWIFT, "export", "--model", str(model_dir), "--quant_method", "bnb", "--quant_bits",
+                               "8", "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true", "--use_hf", "true",
+                               "--hub_model_id", "me/tiny-int8", "--hub_token", "hf_secret",
+                               "--hub_private_repo", "true", "--commit_message", "tiny int8"],
                               capture_output=True, text=True, env=env)
         assert proc.returncode == 0, (proc.stderr[-3000:], app.state.unknown)
-        repo = app.state.repos["me/tiny-gguf"]
-        assert repo["visibility"] == "private" and repo["commits"] == ["tiny GGUF"]
-        assert repo["files"]["model-f16.gguf"] == (tmp_path / "out" / "model-f16.gguf").read_bytes()
+        repo = app.state.repos["me/tiny-int8"]
+        assert repo["visibility"] == "private" and repo["commits"] == ["tiny int8"]
+        written = sorted(p.name for p in (tmp_path / "out").iterdir())
+        assert sorted(repo["files"]) == written and "model.safetensors" in written
+        assert repo["files"]["model.safetensors"] == (tmp_path / "out" / "model.safetensors").read_bytes()
         # a folder as it is, with a wrong token: one line, the hub's answer in it
         proc = subprocess.run([*SWIFT, "export", "--model", str(model_dir), "--push_to_hub", "true", "--use_hf",
                                "true", "--hub_model_id", "me/other", "--hub_token", "wrong"],
