@@ -317,6 +317,13 @@ def test_push_to_hub_uploads_through_the_hubs_api(tmp_path, tiny):
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
+    for flags, message in [(["--push_to_hub", "true"], "needs --hub_model_id"),
+                           (["--merge_lora", "false", "--to_gguf", "true", "--hub_model_id", "me/x"],
+                            "--hub_model_id is read only with --push_to_hub"),
+                           (["--push_to_hub", "true", "--hub_model_id", "me/x", "--output_dir", str(tmp_path / "o")],
+                            "--output_dir is not read")]:
+        with pytest.raises(SwiftError, match=message):
+            export_main(["--model", str(model_dir), *flags])
     app = hub_stand_in(token="hf_secret")
     with serve_in_thread(app) as base:
         env = {**os.environ, "HF_ENDPOINT": base, "HF_HUB_DISABLE_XET": "1"}
