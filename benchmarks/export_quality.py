@@ -40,12 +40,19 @@ def weights_bytes(folder: str) -> int:
 
 
 def export(model: str, out: str, *flags: str) -> None:
-    if os.path.isdir(out):
+    """`swift export` into `out`, reused by a later run only when made from the same model and flags."""
+    import shutil
+
+    stamp, made_from = out + ".json", {"model": os.path.realpath(model), "flags": list(flags)}
+    if os.path.isdir(out) and os.path.isfile(stamp) and json.load(open(stamp)) == made_from:
         return
+    shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.run([sys.executable, "-m", "swift", "export", "--model", model, "--output_dir", out, *flags],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
+    with open(stamp, "w") as f:
+        json.dump(made_from, f)
 
 
 class Ours:

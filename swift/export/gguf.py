@@ -62,17 +62,25 @@ def converter_dir(llama_cpp_dir: str | None) -> Path:
             last = (proc.stderr.strip().splitlines() or ["no archive downloaded"])[-1]
             raise SwiftError(f"--to_gguf: could not fetch llama.cpp's converter (llama-cpp-python {version}'s source "
                              f"from the package index: {last}); pass --llama_cpp_dir with a llama.cpp checkout")
-        staging = Path(tempfile.mkdtemp(dir=home.parent.mkdir(parents=True, exist_ok=True) or home.parent))
-        with tarfile.open(archives[0]) as tar:
-            for member in tar.getmembers():
-                _, _, rest = member.name.partition("/vendor/llama.cpp/")
-                if member.isfile() and (rest == CONVERTER or rest.startswith(CONVERTER_PARTS)):
-                    member.name = rest
-                    tar.extract(member, staging, filter="data")
-    if not (staging / CONVERTER).is_file():
-        shutil.rmtree(staging, ignore_errors=True)
-        raise SwiftError(f"--to_gguf: llama-cpp-python {version}'s source has no vendor/llama.cpp/{CONVERTER}; "
-                         "pass --llama_cpp_dir with a llama.cpp checkout")
+        home.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=home.parent, prefix=".partial-"))
+        try:
+            with tarfile.open(archives[0]) as tar:
+                for member in tar.getmembers():
+                    _, _, rest = member.name.partition("/vendor/llama.cpp/")
+                    if member.isfile() and (rest == CONVERTER or rest.startswith(CONVERTER_PARTS)):
+                        member.name = rest
+                        tar.extract(member, staging, filter="data")  # refuses paths outside `staging`
+            if not (staging / CONVERTER).is_file():
+                raise SwiftError(f"--to_gguf: llama-cpp-python {version}'s source has no vendor/llama.cpp/{CONVERTER}; "
+                                 "pass --llama_cpp_dir with a llama.cpp checkout")
+        except (tarfile.TarError, OSError) as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise SwiftError(f"--to_gguf: llama-cpp-python {version}'s source could not be unpacked ({e}); pass "
+                             "--llama_cpp_dir with a llama.cpp checkout") from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     try:
         staging.rename(home)
     except OSError:  # another export fetched it meanwhile
@@ -99,7 +107,10 @@ def llama_pre_tokenizer(model_dir: str) -> str | None:
         return None
     with open(path, encoding="utf-8") as f:
         tok = json.load(f)
-    if (tok.get("model") or {}).get("type") != "BPE":
+    model = tok.get("model") or {}
+    # llama.cpp applies a BPE vocabulary's merges to every piece, with no word prefixes or suffixes
+    if (model.get("type") != "BPE" or model.get("ignore_merges") or model.get("continuing_subword_prefix")
+            or model.get("end_of_word_suffix") or model.get("dropout")):
         return None
     normalizer = (tok.get("normalizer") or {}).get("type")
     pre = tok.get("pre_tokenizer") or {}

@@ -1,6 +1,6 @@
 """An Ollama `Modelfile` for an exported GGUF: FROM the file, a TEMPLATE (Ollama's Go template over
-`.Messages`) that renders what the model's chat template renders, its default system prompt as
-SYSTEM, and its end-of-turn strings as stop parameters.
+`.Messages`) that renders what the model's chat template renders (with the block the template puts
+first when a conversation has no system message), and its end-of-turn strings as stop parameters.
 
 The TEMPLATE is read off the chat template by rendering conversations whose contents are markers:
 each role's text before and after its content. Templates that are not such per-message wrappers
@@ -8,8 +8,6 @@ each role's text before and after its content. Templates that are not such per-m
 read off them would render something else.
 """
 from __future__ import annotations
-
-import json
 
 from swift.utils.registry import SwiftError
 
@@ -37,42 +35,46 @@ def _strip_suffix(text: str, suffix: str) -> str:
     return text[:len(text) - len(suffix)]
 
 
-def read_wrappers(tokenizer) -> tuple[dict[str, tuple[str, str]], str, str | None]:
-    """({role: (before, after)}, generation prompt, default system prompt or None)."""
+def read_wrappers(tokenizer, keep_bos: bool = False) -> tuple[dict[str, tuple[str, str]], str, str | None]:
+    """({role: (before, after)}, generation prompt, the text the template puts first when a conversation has
+    no system message, or None when it puts nothing). A leading BOS is left to the runtime (the GGUF says
+    it adds one) unless `keep_bos`."""
     s, u, a = MARK["system"], MARK["user"], MARK["assistant"]
     full = [{"role": "system", "content": s}, {"role": "user", "content": u},
             {"role": "assistant", "content": a}, {"role": "user", "content": u}]
+    bos = "" if keep_bos else (tokenizer.bos_token or "")
     try:
         text = _render(tokenizer, full, False)
         gen = _strip_prefix(_render(tokenizer, full, True), text)
-        bos = tokenizer.bos_token or ""
         user_after = text[text.rindex(u) + len(u):]
         assistant_after = _render(tokenizer, full[1:3], False).split(a, 1)[1]
         user_before = _strip_prefix(_between(text, a, u), assistant_after)
         assistant_before = _strip_prefix(_between(text, u, a), user_after)
         system_after = _strip_suffix(_between(text, s, u), user_before)
         system_before = text[:text.index(s)]
-        if bos and system_before.startswith(bos):  # the runtime adds BOS itself, as the GGUF says
+        if bos and system_before.startswith(bos):
             system_before = system_before[len(bos):]
     except ValueError:
         raise SwiftError("--to_ollama: the chat template does not wrap each message in fixed text, so no Ollama "
                          "TEMPLATE can be read off it; write the Modelfile's TEMPLATE by hand") from None
     wrappers = {"system": (system_before, system_after), "user": (user_before, user_after),
                 "assistant": (assistant_before, assistant_after)}
-    default_system = None
-    alone = _render(tokenizer, [{"role": "user", "content": u}], True).removeprefix(bos)
+    default = None
+    alone = _render(tokenizer, [{"role": "user", "content": u}], True)
+    alone = alone[len(bos):] if bos and alone.startswith(bos) else alone
     plain = user_before + u + user_after + gen
-    if alone != plain:  # a template that adds a system prompt when none is given
-        if not (alone.startswith(system_before) and alone.endswith(system_after + plain)):
+    if alone != plain:  # a template that puts a system block first when no system message is given
+        if not alone.endswith(plain):
             raise SwiftError("--to_ollama: the chat template's text for a conversation without a system message is "
                              "not its wrappers' text; write the Modelfile's TEMPLATE by hand")
-        default_system = alone[len(system_before):len(alone) - len(system_after + plain)]
-    return wrappers, gen, default_system
+        default = alone[:len(alone) - len(plain)]
+    return wrappers, gen, default
 
 
-def compose(wrappers: dict[str, tuple[str, str]], gen: str, messages: list[dict]) -> str:
-    """What the Modelfile's TEMPLATE renders for `messages` (the same loop, in Python)."""
-    return "".join(wrappers[m["role"]][0] + m["content"] + wrappers[m["role"]][1] for m in messages) + gen
+def compose(wrappers: dict[str, tuple[str, str]], gen: str, default: str | None, messages: list[dict]) -> str:
+    """What the Modelfile's TEMPLATE renders for `messages` (the same steps, in Python)."""
+    head = default if default is not None and (not messages or messages[0]["role"] != "system") else ""
+    return head + "".join(wrappers[m["role"]][0] + m["content"] + wrappers[m["role"]][1] for m in messages) + gen
 
 
 def _go_literal(text: str) -> str:
@@ -86,16 +88,21 @@ def _quoted(text: str) -> str:
     return '"""' + text + '"""'
 
 
-def modelfile(tokenizer, gguf_name: str, stop: list[str]) -> str:
-    wrappers, gen, default_system = read_wrappers(tokenizer)
+def modelfile(tokenizer, gguf_name: str, stop: list[str], keep_bos: bool = False) -> str:
+    wrappers, gen, default = read_wrappers(tokenizer, keep_bos)
+    template = ""
+    if default is not None:  # Go's `or` stops at the first true argument: index is not reached on no messages
+        template = ('{{ if or (not .Messages) (ne (index .Messages 0).Role "system") }}'
+                    f"{_go_literal(default)}{{{{ end }}}}")
     branches = []
     for i, (role, (before, after)) in enumerate(wrappers.items()):
         keyword = "if" if i == 0 else "else if"
         branches.append(f'{{{{ {keyword} eq .Role "{role}" }}}}{_go_literal(before)}{{{{ .Content }}}}'
                         f'{_go_literal(after)}')
-    template = "{{ range .Messages }}" + "".join(branches) + "{{ end }}{{ end }}" + _go_literal(gen)
+    template += "{{ range .Messages }}" + "".join(branches) + "{{ end }}{{ end }}" + _go_literal(gen)
     lines = [f"FROM ./{gguf_name}", f"TEMPLATE {_quoted(template)}"]
-    if default_system is not None:
-        lines.append(f"SYSTEM {_quoted(default_system)}")
-    lines += [f"PARAMETER stop {json.dumps(s)}" for s in dict.fromkeys(stop) if s]
+    for word in dict.fromkeys(w for w in stop if w):
+        if '"' in word or "\n" in word or "\\" in word:
+            raise SwiftError(f"--to_ollama: the stop string {word!r} cannot be written as a Modelfile parameter")
+        lines.append(f'PARAMETER stop "{word}"')
     return "\n".join(lines) + "\n"

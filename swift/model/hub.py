@@ -1,6 +1,8 @@
 """Download a model or dataset snapshot from ModelScope (default) or the Hugging Face hub."""
 from __future__ import annotations
 
+import os
+
 from swift.utils.registry import SwiftError
 
 
@@ -25,9 +27,12 @@ def snapshot_download(repo_id: str, *, use_hf: bool, revision: str | None = None
 
 
 def push_to_hub(folder: str, repo_id: str, *, use_hf: bool, token: str | None = None, private: bool = False,
-                commit_message: str = "update files") -> str:
-    """Upload every file of `folder` to the model repo `repo_id` (created when missing) on ModelScope
-    (default) or the Hugging Face hub (`$HF_ENDPOINT` names another server); returns the commit's URL or id."""
+                commit_message: str = "update files", files: list[str] | None = None) -> str:
+    """Upload the files of `folder` (all, or the top-level names in `files`) to the model repo `repo_id`
+    on ModelScope (default) or the Hugging Face hub (`$HF_ENDPOINT` names another server); returns the
+    commit's URL or id. A missing repo is created (private with `private`); an existing one keeps its
+    visibility."""
+    allow = [f"{name}/**" if os.path.isdir(os.path.join(folder, name)) else name for name in files] if files else None
     hub = "Hugging Face" if use_hf else "ModelScope"
     try:
         if use_hf:
@@ -35,7 +40,8 @@ def push_to_hub(folder: str, repo_id: str, *, use_hf: bool, token: str | None = 
 
             api = HfApi(token=token)
             api.create_repo(repo_id, private=private, exist_ok=True)
-            return api.upload_folder(folder_path=folder, repo_id=repo_id, commit_message=commit_message).commit_url
+            return api.upload_folder(folder_path=folder, repo_id=repo_id, commit_message=commit_message,
+                                     allow_patterns=allow).commit_url
         from modelscope_hub.api import HubApi
         from modelscope_hub.errors import AlreadyExistsError
 
@@ -44,7 +50,7 @@ def push_to_hub(folder: str, repo_id: str, *, use_hf: bool, token: str | None = 
             api.create_repo(repo_id, "model", visibility="private" if private else "public")
         except AlreadyExistsError:
             pass
-        info = api.upload_folder(repo_id, "model", folder, commit_message=commit_message)
+        info = api.upload_folder(repo_id, "model", folder, commit_message=commit_message, allow_patterns=allow)
         return str(info.get("commit_url") or info) if isinstance(info, dict) else str(info)
     except Exception as e:  # network and server errors come in many types across the two hub clients
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__

@@ -2,14 +2,17 @@
 Modelfile beside it, with ms-swift's flag names.
 
 Everything is written into a staging folder beside `--output_dir` and moved there only when the
-whole export succeeded, so a failed export leaves nothing half-written behind.
+whole export succeeded, so a failed, interrupted or terminated export leaves `--output_dir` as it was
+(a SIGKILL leaves the hidden `.<name>.partial-*` and `.<name>.scratch-*` folders behind).
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -24,7 +27,17 @@ logger = get_logger(__name__)
 TEMPLATE_FILES = ("tokenizer_config.json", "chat_template.jinja")
 # `{% generation %}` marks the assistant's tokens for training (transformers' return_assistant_tokens_mask);
 # it renders nothing, and runtimes' template engines (llama.cpp's, Ollama's import) do not know the tag
-GENERATION_TAG = re.compile(r"{%-?\s*(end)?generation\s*-?%}")
+GENERATION_TAG = re.compile(r"{%(-?)\s*(end)?generation\s*(-?)%}")
+# what a tag becomes: a block that renders its body, with the tag's own whitespace control kept
+_GENERATION_BLOCK = {None: "if true", "end": "endif"}
+# a checkpoint's weight files: with --exist_ok, those of an earlier export are removed so that no
+# stale shard is loaded beside the new ones
+WEIGHT_FILE = re.compile(r".*\.(safetensors|bin|gguf)$|.*\.safetensors\.index\.json$|.*\.bin\.index\.json$")
+SHARD_SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B|B)?$", re.IGNORECASE)
+
+
+def _generation_tags_as_blocks(template: str) -> str:
+    return GENERATION_TAG.sub(lambda m: f"{{%{m[1]} {_GENERATION_BLOCK[m[2]]} {m[3]}%}}", template)
 
 
 @dataclass
@@ -112,8 +125,20 @@ class ExportOptions:
 
         if self.gguf_type not in GGUF_TYPES:
             raise SwiftError(f"--gguf_type {self.gguf_type!r} is not one of {', '.join(GGUF_TYPES)}")
+        from swift.arguments.model import DTYPES
+
+        if self.torch_dtype not in DTYPES:
+            raise SwiftError(f"--torch_dtype {self.torch_dtype!r} is not one of {', '.join(DTYPES)}")
+        if not SHARD_SIZE.match(str(self.max_shard_size)):
+            raise SwiftError(f"--max_shard_size {self.max_shard_size!r} is not a size such as 5GB or 500MB")
         if self.to_ollama:
             self.to_gguf = True
+        if not (self.merge_lora or self.quant_method):  # no HF checkpoint is written
+            unread = [f for f, default in (("torch_dtype", "auto"), ("safe_serialization", True),
+                                           ("max_shard_size", "5GB")) if getattr(self, f) != default]
+            if unread:
+                raise SwiftError(f"--{unread[0]} shapes the HF checkpoint that --merge_lora or --quant_method writes; "
+                                 "it is not read here")
         if not self.to_gguf and (self.gguf_type != "f16" or self.llama_cpp_dir):
             raise SwiftError(f"--{'gguf_type' if self.gguf_type != 'f16' else 'llama_cpp_dir'} is read only with "
                              "--to_gguf true or --to_ollama true")
@@ -137,7 +162,12 @@ class ExportOptions:
             source = self.adapters[0] if self.adapters else self.model
             if not os.path.isdir(source):
                 raise SwiftError(f"--push_to_hub uploads a local folder; {source} is not one")
+            if self.exist_ok:
+                raise SwiftError("--exist_ok is not read when --push_to_hub uploads a folder as it is")
             return
+        if self.use_hf and not self.push_to_hub and self.model and (
+                os.path.isdir(self.model) or self.model.startswith("builtin:")):
+            raise SwiftError("--use_hf picks the hub of a hub id or of --push_to_hub; --model here is local")
         if self.merge_lora and not self.adapters:
             raise SwiftError("--merge_lora needs --adapters (the LoRA adapters to merge)")
         for path in self.adapters:
@@ -155,11 +185,11 @@ class ExportOptions:
             raise SwiftError(f"--output_dir {self.output_dir} already has files; pass --exist_ok true to write into it")
         if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
             raise SwiftError(f"--output_dir {self.output_dir} is a file")
-        sources = {os.path.abspath(p) for p in self.adapters}
-        if self.model and os.path.isdir(self.model):
-            sources.add(os.path.abspath(self.model))
-        if os.path.abspath(self.output_dir) in sources:
-            raise SwiftError(f"--output_dir {self.output_dir} is one of the inputs (it would be overwritten)")
+        out = os.path.realpath(self.output_dir)
+        for source in [*self.adapters, *([self.model] if self.model and os.path.isdir(self.model) else [])]:
+            real = os.path.realpath(source)
+            if os.path.commonpath([out, real]) in (out, real):
+                raise SwiftError(f"--output_dir {self.output_dir} overlaps the input {source} (it would be overwritten)")
 
     def _check_quant(self) -> None:
         if self.quant_method in ("gptq", "awq", "fp8", "gptq_v2"):
@@ -212,13 +242,13 @@ def _without_generation_tags(folder: str) -> None:
         if name.endswith(".json"):
             config = read_json(path)
             if isinstance(config.get("chat_template"), str):
-                config["chat_template"] = GENERATION_TAG.sub("", config["chat_template"])
+                config["chat_template"] = _generation_tags_as_blocks(config["chat_template"])
                 write_json(path, config)
         else:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
             with open(path, "w", encoding="utf-8") as f:
-                f.write(GENERATION_TAG.sub("", text))
+                f.write(_generation_tags_as_blocks(text))
 
 
 def _has_weights(folder: str) -> bool:
@@ -234,6 +264,9 @@ def _hf_source(a, staging: str, scratch: str) -> str:
 
     base = a.model or base_model_of(a.adapters[0])
     model_dir, builtin = resolve_model_dir(base, use_hf=a.use_hf)
+    config = os.path.join(model_dir, "config.json")
+    if os.path.isfile(config) and read_json(config).get("quantization_config"):
+        raise SwiftError(f"--model {base} is a quantized checkpoint already; export from the unquantized model")
     if not (a.adapters or builtin or not _has_weights(model_dir)):
         return model_dir
     target = staging if a.merge_lora else os.path.join(scratch, "hf")
@@ -262,7 +295,7 @@ def _runtime_view(hf_dir: str, scratch: str) -> str:
     return view
 
 
-def _check_gguf_tokenizer(gguf_path: str, hf_dir: str) -> None:
+def _check_gguf_tokenizer(gguf_path: str, hf_dir: str) -> dict[str, str]:
     """The GGUF's tokenizer (run by llama.cpp) splits text as the model's own does; a pre-tokenizer that
     llama.cpp names differently would otherwise give a file that loads and answers wrongly."""
     import llama_cpp
@@ -281,6 +314,7 @@ def _check_gguf_tokenizer(gguf_path: str, hf_dir: str) -> None:
         if ours != theirs:
             raise SwiftError(f"--to_gguf: llama.cpp splits {text!r} into other tokens than the model's tokenizer does "
                              "(a tokenizer llama.cpp's converter does not support)")
+    return dict(llm.metadata)
 
 
 def _quantize_bnb(a, hf_dir: str, staging: str) -> None:
@@ -302,26 +336,39 @@ def _quantize_bnb(a, hf_dir: str, staging: str) -> None:
     tokenizer.save_pretrained(staging)
 
 
-def _publish(staging: str, output_dir: str) -> None:
+def _publish(staging: str, output_dir: str) -> list[str]:
+    """Move the staged export into `output_dir`; returns the names written. Into an existing folder
+    (--exist_ok), the weight files of an earlier export go first, so no stale shard is loaded beside
+    the new ones; other files stay unless the export has one of the same name."""
+    written = sorted(os.listdir(staging))
     if not os.path.isdir(output_dir):
         os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
         os.rename(staging, output_dir)
-        return
-    for name in os.listdir(staging):
+        return written
+    for name in os.listdir(output_dir):
+        path = os.path.join(output_dir, name)
+        if WEIGHT_FILE.match(name) and os.path.isfile(path) and name not in written:
+            os.remove(path)
+    for name in written:
         dst = os.path.join(output_dir, name)
         if os.path.isdir(dst) and not os.path.islink(dst):
             shutil.rmtree(dst)
         os.replace(os.path.join(staging, name), dst)
     os.rmdir(staging)
+    return written
 
 
-def _push(a, folder: str) -> str:
+def _push(a, folder: str, files: list[str] | None = None) -> str:
     from swift.model.hub import push_to_hub
 
     url = push_to_hub(folder, a.hub_model_id, use_hf=a.use_hf, token=a.hub_token, private=a.hub_private_repo,
-                      commit_message=a.commit_message)
+                      commit_message=a.commit_message, files=files)
     logger.info(f"uploaded {folder} to {a.hub_model_id}: {url}")
     return url
+
+
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, Any]:
@@ -335,13 +382,19 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
         llama_cpp_version()  # the extra is there before any work
     parent = os.path.dirname(os.path.abspath(a.output_dir))
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(a.output_dir)}.partial-")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private; the export is an ordinary folder
-    scratch = tempfile.mkdtemp(prefix="swift-export-")
+    name = os.path.basename(os.path.abspath(a.output_dir))
+    staging = scratch = None
     result: dict[str, Any] = {"output_dir": a.output_dir}
+    stop = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    if stop is not None:  # a terminated export cleans up as an interrupted one does
+        signal.signal(signal.SIGTERM, _terminated)
     try:
+        staging = tempfile.mkdtemp(dir=parent, prefix=f".{name}.partial-")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private; the export is an ordinary folder
+        # beside the export, not in $TMPDIR: a merged model for --to_gguf is as large as the model
+        scratch = tempfile.mkdtemp(dir=parent, prefix=f".{name}.scratch-")
         hf_dir = _hf_source(a, staging, scratch)
         if a.merge_lora:
             result["merged"] = a.output_dir
@@ -355,7 +408,7 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
             hf_dir = _runtime_view(hf_dir, scratch)
             convert(hf_dir, os.path.join(staging, name), a.gguf_type, a.llama_cpp_dir,
                     " + ".join([a.model or '', *a.adapters]).strip(" +"))
-            _check_gguf_tokenizer(os.path.join(staging, name), hf_dir)
+            metadata = _check_gguf_tokenizer(os.path.join(staging, name), hf_dir)
             result["gguf"] = os.path.join(a.output_dir, name)
             if a.to_ollama:
                 from transformers import AutoTokenizer, GenerationConfig
@@ -371,17 +424,22 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
                 except OSError:  # no generation_config.json
                     pass
                 with open(os.path.join(staging, "Modelfile"), "w", encoding="utf-8") as f:
-                    f.write(modelfile(tokenizer, name, stop))
+                    adds_bos = metadata.get("tokenizer.ggml.add_bos_token", "false").lower() == "true"
+                    f.write(modelfile(tokenizer, name, stop, keep_bos=not adds_bos))
                 result["modelfile"] = os.path.join(a.output_dir, "Modelfile")
-        _publish(staging, a.output_dir)
+        written = _publish(staging, a.output_dir)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if stop is not None:
+            signal.signal(signal.SIGTERM, stop)
     for key in ("merged", "quantized", "gguf", "modelfile"):
         if key in result:
             logger.info(f"{key}: {result[key]}")
     if a.push_to_hub:  # the export is on disk whatever the upload does
-        result.update(uploaded=a.output_dir, hub_model_id=a.hub_model_id, commit=_push(a, a.output_dir))
+        result.update(uploaded=a.output_dir, hub_model_id=a.hub_model_id, commit=_push(a, a.output_dir, written))
     return result

@@ -197,19 +197,42 @@ def test_without_the_extra_one_line_names_it(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def read_modelfile(text: str):
+    """(the TEMPLATE's per-role (before, after) text, its generation prompt, the block it puts first when
+    no system message leads, the stop words), read back from the written Modelfile."""
+    import re
+
+    template = re.search(r'^TEMPLATE """(.*?)"""$', text, re.S | re.M)[1].replace('{{ "{{" }}', "{{")
+    default = None
+    lead = '{{ if or (not .Messages) (ne (index .Messages 0).Role "system") }}'
+    if template.startswith(lead):
+        default, template = template[len(lead):].split("{{ end }}", 1)
+    assert template.startswith("{{ range .Messages }}")
+    body, gen = template[len("{{ range .Messages }}"):].rsplit("{{ end }}{{ end }}", 1)
+    wrappers = {role: (before, after) for role, before, after in
+                re.findall(r'{{ (?:else )?if eq \.Role "(\w+)" }}(.*?){{ \.Content }}(.*?)(?={{ else if |\Z)', body, re.S)}
+    stops = re.findall(r'^PARAMETER stop "(.*)"$', text, re.M)
+    return wrappers, gen, default, stops
+
+
 @pytest.mark.parametrize("template", ["qwen2_5.jinja", "llama3_2.jinja", None])
 def test_the_modelfile_template_renders_what_the_chat_template_renders(tokenizer, template):
-    """The TEMPLATE's loop (composed here in Python, as Ollama's Go template runs it) gives the chat
-    template's text for conversations with and without a system prompt (SYSTEM supplies the default)."""
+    """The written Modelfile's TEMPLATE, read back and run as Ollama runs it (the leading block when no
+    system message comes first, each message in its role's text, the generation prompt), gives the chat
+    template's text for conversations with and without a system prompt."""
     import copy
 
-    from swift.export.ollama import compose, modelfile, read_wrappers
+    from swift.export.ollama import compose, modelfile
 
     tok = copy.deepcopy(tokenizer)
     if template:
         path = os.path.join(os.path.dirname(__file__), "..", "data", "chat_templates", template)
         tok.chat_template = open(path).read()
-    wrappers, gen, default_system = read_wrappers(tok)
+    text = modelfile(tok, "model-f16.gguf", ["<|im_end|>", "<｜end▁of▁sentence｜>"])
+    wrappers, gen, default, stops = read_modelfile(text)
+    assert set(wrappers) == {"system", "user", "assistant"}
+    assert stops == ["<|im_end|>", "<｜end▁of▁sentence｜>"]  # as written, not \u escapes
+    assert (default is not None) == (template is not None)  # Qwen2.5 and Llama 3.2 put a system block first
     conversations = [
         [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
         [{"role": "user", "content": "12+7=?"}, {"role": "assistant", "content": "19"},
@@ -218,12 +241,71 @@ def test_the_modelfile_template_renders_what_the_chat_template_renders(tokenizer
     for messages in conversations:
         expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if tok.bos_token and expected.startswith(tok.bos_token):
-            expected = expected[len(tok.bos_token):]
-        if messages[0]["role"] != "system" and default_system is not None:
-            messages = [{"role": "system", "content": default_system}, *messages]
-        assert compose(wrappers, gen, messages) == expected
-    text = modelfile(tok, "model-f16.gguf", ["<|im_end|>"])
-    assert ("SYSTEM" in text) == (default_system is not None)
+            expected = expected[len(tok.bos_token):]  # llama.cpp adds it, as the GGUF says
+        assert compose(wrappers, gen, default, messages) == expected
+    with pytest.raises(SwiftError, match="cannot be written as a Modelfile parameter"):
+        modelfile(tok, "m.gguf", ['say "stop"'])
+
+
+def test_generation_tags_become_blocks_that_render_the_same(tokenizer):
+    """The GGUF's chat template loses `{% generation %}` (runtimes do not know it) but renders the same text,
+    whitespace control included."""
+    import copy
+
+    from swift.pipelines.export import _generation_tags_as_blocks
+
+    messages = [{"role": "user", "content": "12+7="}, {"role": "assistant", "content": "19"}]
+    base = tokenizer.chat_template
+    trimmed = base.replace("{% generation %}", "{%- generation -%}").replace("{% endgeneration %}",
+                                                                              "  {%- endgeneration %}")
+    for template in (base, trimmed):
+        tok = copy.deepcopy(tokenizer)
+        tok.chat_template = template
+        expected = tok.apply_chat_template(messages, tokenize=False)
+        tok.chat_template = _generation_tags_as_blocks(template)
+        assert "generation" not in tok.chat_template.replace("add_generation_prompt", "")
+        assert tok.apply_chat_template(messages, tokenize=False) == expected
+
+
+def test_exist_ok_replaces_an_earlier_exports_weights_and_inputs_are_never_outputs(tmp_path, tiny):
+    from transformers import AutoModelForCausalLM
+
+    from swift.pipelines.export import export_main
+
+    model, tokenizer, _ = tiny
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    out = tmp_path / "out"
+    export_main(["--model", str(src), "--quant_method", "bnb", "--quant_bits", "8", "--output_dir", str(out)])
+    (out / "notes.txt").write_text("mine")
+    export_main(["--model", str(src), "--quant_method", "bnb", "--quant_bits", "4", "--max_shard_size", "500KB",
+                 "--output_dir", str(out), "--exist_ok", "true"])
+    files = sorted(os.listdir(out))
+    assert "model.safetensors" not in files and "model.safetensors.index.json" in files  # the int8 file is gone
+    assert (out / "notes.txt").read_text() == "mine"
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert type(loaded.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
+    assert not [p for p in os.listdir(tmp_path) if ".partial-" in p or ".scratch-" in p]
+    link = tmp_path / "link"
+    link.symlink_to(src)
+    for output_dir, message in [(link, "overlaps the input"), (src / "inner", "overlaps the input"),
+                                (tmp_path, "overlaps the input")]:
+        with pytest.raises(SwiftError, match=message):
+            export_main(["--model", str(src), "--to_gguf", "true", "--output_dir", str(output_dir), "--exist_ok", "true"])
+    for flags, message in [(["--to_gguf", "true", "--torch_dtype", "bf16"], "--torch_dtype 'bf16' is not one of"),
+                           (["--merge_lora", "false", "--quant_method", "bnb", "--quant_bits", "4", "--max_shard_size",
+                             "5gigs"], "--max_shard_size '5gigs'"),
+                           (["--to_gguf", "true", "--torch_dtype", "bfloat16"], "--torch_dtype shapes the HF checkpoint"),
+                           (["--to_gguf", "true", "--max_shard_size", "1GB"], "--max_shard_size shapes"),
+                           (["--push_to_hub", "true", "--hub_model_id", "me/x", "--exist_ok", "true"],
+                            "--exist_ok is not read"),
+                           (["--to_gguf", "true", "--use_hf", "true"], "--use_hf picks the hub")]:
+        with pytest.raises(SwiftError, match=message):
+            export_main(["--model", str(src), *flags])
+    with pytest.raises(SwiftError, match="is a quantized checkpoint already"):
+        export_main(["--model", str(out), "--quant_method", "bnb", "--quant_bits", "8",
+                     "--output_dir", str(tmp_path / "again")])
 
 
 @pytest.mark.parametrize("bits,layer", [(4, "Linear4bit"), (8, "Linear8bitLt")])
