@@ -385,8 +385,9 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
     name = os.path.basename(os.path.abspath(a.output_dir))
     staging = scratch = None
     result: dict[str, Any] = {"output_dir": a.output_dir}
-    stop = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-    if stop is not None:  # a terminated export cleans up as an interrupted one does
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:  # a terminated export cleans up as an interrupted one does
+        previous = signal.getsignal(signal.SIGTERM)  # None: a handler not set from Python
         signal.signal(signal.SIGTERM, _terminated)
     try:
         staging = tempfile.mkdtemp(dir=parent, prefix=f".{name}.partial-")
@@ -435,8 +436,8 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-        if stop is not None:
-            signal.signal(signal.SIGTERM, stop)
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     for key in ("merged", "quantized", "gguf", "modelfile"):
         if key in result:
             logger.info(f"{key}: {result[key]}")

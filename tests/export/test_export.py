@@ -433,3 +433,22 @@ def test_push_to_hub_uploads_through_the_hubs_api(tmp_path, tiny):
     proc = subprocess.run([*SWIFT, "export", "--model", str(model_dir), "--push_to_hub", "true", "--use_hf", "true",
                            "--hub_model_id", "me/x", "--hub_token", "t"], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "the hub may be unreachable" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_terminated_export_leaves_nothing(tmp_path):
+    """SIGTERM during the conversion: the staging and scratch folders go, --output_dir never appears."""
+    import signal
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "swift", "export", "--model", "builtin:tiny-chat", "--to_gguf",
+                             "true", "--output_dir", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not [p for p in os.listdir(tmp_path) if ".scratch-" in p]:
+        assert proc.poll() is None and time.time() < deadline, "the export ended before it could be stopped"
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside the work
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 128 + signal.SIGTERM, proc.stderr.read()[-2000:]
+    assert os.listdir(tmp_path) == []
