@@ -9,6 +9,16 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 TASK_TYPES = ("causal_lm", "seq_cls", "token_cls")
 
 
+def check_bnb_values(args) -> None:
+    """The values of the `--bnb_4bit_*` flags (loading here, `swift export --quant_method bnb` too)."""
+    if args.bnb_4bit_quant_type not in ("nf4", "fp4"):
+        raise SwiftError(f"--bnb_4bit_quant_type {args.bnb_4bit_quant_type!r} is not one of nf4, fp4")
+    for flag in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+        value = getattr(args, flag)
+        if value is not None and value not in ("float32", "bfloat16", "float16", "uint8"):
+            raise SwiftError(f"--{flag} {value!r} is not one of float32, bfloat16, float16, uint8")
+
+
 @dataclass
 class ModelArguments:
     external_plugins: list[str] = field(default_factory=list, metadata={
@@ -58,9 +68,4 @@ class ModelArguments:
             raise SwiftError("--quant_method bnb needs --quant_bits 4 or 8")
         if self.quant_bits not in (None, 4, 8):
             raise SwiftError(f"--quant_bits must be 4 or 8 (bitsandbytes), got {self.quant_bits}")
-        if self.bnb_4bit_quant_type not in ("nf4", "fp4"):
-            raise SwiftError(f"--bnb_4bit_quant_type {self.bnb_4bit_quant_type!r} is not one of nf4, fp4")
-        for flag in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
-            value = getattr(self, flag)
-            if value is not None and value not in ("float32", "bfloat16", "float16", "uint8"):
-                raise SwiftError(f"--{flag} {value!r} is not one of float32, bfloat16, float16, uint8")
+        check_bnb_values(self)

@@ -135,8 +135,6 @@ def llama_pre_tokenizer(model_dir: str) -> str | None:
 def convert(model_dir: str, out_file: str, gguf_type: str, llama_cpp_dir: str | None, name: str) -> None:
     """Write `model_dir` (an HF checkpoint with its tokenizer; `name`: what the user called it) as GGUF of
     `gguf_type` to `out_file`."""
-    if gguf_type not in GGUF_TYPES:
-        raise SwiftError(f"--gguf_type {gguf_type!r} is not one of {', '.join(GGUF_TYPES)}")
     llama_cpp_version()  # the extra is there before anything is fetched
     tree = converter_dir(llama_cpp_dir)
     outtype = gguf_type if gguf_type in CONVERTER_TYPES else "f16"

@@ -105,6 +105,27 @@ class ExportOptions:
     def __post_init__(self) -> None:
         if isinstance(self.adapters, str):
             self.adapters = [self.adapters]
+        if self.to_ollama:
+            self.to_gguf = True
+        self._refuse_unbuilt()
+        self._check_values()
+        self._check_quant()
+        self._check_hub_flags()
+        if not (self.merge_lora or self.to_gguf or self.quant_method or self.push_to_hub):
+            raise SwiftError("nothing to export: pass --merge_lora true, --quant_method bnb, --to_gguf true, "
+                             "--to_ollama true or --push_to_hub true")
+        if self.uploads_as_is:
+            self._check_upload_as_is()
+        else:
+            self._check_paths()
+
+    @property
+    def uploads_as_is(self) -> bool:
+        """--push_to_hub with nothing to write: a folder is uploaded as it is."""
+        return self.push_to_hub and not (self.merge_lora or self.to_gguf or self.quant_method)
+
+    def _refuse_unbuilt(self) -> None:
+        """ms-swift's export paths this version does not build, and the flags only they read."""
         if self.to_cached_dataset:
             raise SwiftError("--to_cached_dataset is not built yet: each training run encodes its rows")
         for flag in ("dataset_num_proc", "split_dataset_ratio"):
@@ -121,18 +142,18 @@ class ExportOptions:
             if getattr(self, flag):
                 raise SwiftError(f"--{flag}: Megatron-Core checkpoints are not made here (this project trains with "
                                  "HF models, DeepSpeed and FSDP only, so there is nothing to convert to or from)")
+
+    def _check_values(self) -> None:
+        """Each value is valid, and each flag is one this export reads."""
+        from swift.arguments.model import DTYPES
         from swift.export.gguf import GGUF_TYPES
 
         if self.gguf_type not in GGUF_TYPES:
             raise SwiftError(f"--gguf_type {self.gguf_type!r} is not one of {', '.join(GGUF_TYPES)}")
-        from swift.arguments.model import DTYPES
-
         if self.torch_dtype not in DTYPES:
             raise SwiftError(f"--torch_dtype {self.torch_dtype!r} is not one of {', '.join(DTYPES)}")
         if not SHARD_SIZE.match(str(self.max_shard_size)):
             raise SwiftError(f"--max_shard_size {self.max_shard_size!r} is not a size such as 5GB or 500MB")
-        if self.to_ollama:
-            self.to_gguf = True
         if not (self.merge_lora or self.quant_method):  # no HF checkpoint is written
             unread = [f for f, default in (("torch_dtype", "auto"), ("safe_serialization", True),
                                            ("max_shard_size", "5GB")) if getattr(self, f) != default]
@@ -142,7 +163,8 @@ class ExportOptions:
         if not self.to_gguf and (self.gguf_type != "f16" or self.llama_cpp_dir):
             raise SwiftError(f"--{'gguf_type' if self.gguf_type != 'f16' else 'llama_cpp_dir'} is read only with "
                              "--to_gguf true or --to_ollama true")
-        self._check_quant()
+
+    def _check_hub_flags(self) -> None:
         if self.push_to_hub and not self.hub_model_id:
             raise SwiftError("--push_to_hub needs --hub_model_id (owner/name of the repo to upload to)")
         if not self.push_to_hub:
@@ -151,20 +173,21 @@ class ExportOptions:
             unread += ["commit_message"] if self.commit_message != "update files" else []
             if unread:
                 raise SwiftError(f"--{unread[0]} is read only with --push_to_hub true")
-        if not (self.merge_lora or self.to_gguf or self.quant_method or self.push_to_hub):
-            raise SwiftError("nothing to export: pass --merge_lora true, --quant_method bnb, --to_gguf true, "
-                             "--to_ollama true or --push_to_hub true")
-        if self.push_to_hub and not (self.merge_lora or self.to_gguf or self.quant_method):
-            if self.adapters and self.model or len(self.adapters) > 1:
-                raise SwiftError("--push_to_hub alone uploads one folder: one of --adapters or --model")
-            if self.output_dir is not None:
-                raise SwiftError("--output_dir is not read when --push_to_hub uploads a folder as it is")
-            source = self.adapters[0] if self.adapters else self.model
-            if not os.path.isdir(source):
-                raise SwiftError(f"--push_to_hub uploads a local folder; {source} is not one")
-            if self.exist_ok:
-                raise SwiftError("--exist_ok is not read when --push_to_hub uploads a folder as it is")
-            return
+
+    def _check_upload_as_is(self) -> None:
+        """--push_to_hub alone: one local folder, uploaded as it is."""
+        if self.adapters and self.model or len(self.adapters) > 1:
+            raise SwiftError("--push_to_hub alone uploads one folder: one of --adapters or --model")
+        if self.output_dir is not None:
+            raise SwiftError("--output_dir is not read when --push_to_hub uploads a folder as it is")
+        source = self.adapters[0] if self.adapters else self.model
+        if not os.path.isdir(source):
+            raise SwiftError(f"--push_to_hub uploads a local folder; {source} is not one")
+        if self.exist_ok:
+            raise SwiftError("--exist_ok is not read when --push_to_hub uploads a folder as it is")
+
+    def _check_paths(self) -> None:
+        """The inputs exist; --output_dir (defaulted as ms-swift names it) is free and no input."""
         if self.use_hf and not self.push_to_hub and self.model and (
                 os.path.isdir(self.model) or self.model.startswith("builtin:")):
             raise SwiftError("--use_hf picks the hub of a hub id or of --push_to_hub; --model here is local")
@@ -211,12 +234,9 @@ class ExportOptions:
             set_4bit = [f for f in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage") if getattr(self, f) is not None]
             if self.bnb_4bit_quant_type != "nf4" or not self.bnb_4bit_use_double_quant or set_4bit:
                 raise SwiftError("--bnb_4bit_* flags are read only with --quant_bits 4")
-        if self.bnb_4bit_quant_type not in ("nf4", "fp4"):
-            raise SwiftError(f"--bnb_4bit_quant_type {self.bnb_4bit_quant_type!r} is not one of nf4, fp4")
-        for flag in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
-            value = getattr(self, flag)
-            if value is not None and value not in ("float32", "bfloat16", "float16", "uint8"):
-                raise SwiftError(f"--{flag} {value!r} is not one of float32, bfloat16, float16, uint8")
+        from swift.arguments.model import check_bnb_values
+
+        check_bnb_values(self)
         if self.to_gguf:
             raise SwiftError("--quant_method makes an HF checkpoint; a GGUF is quantized by --gguf_type q8_0|q4_k_m")
         if self.merge_lora:
@@ -373,7 +393,7 @@ def _terminated(signum, frame) -> None:
 
 def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, Any]:
     a = resolve_args(ExportArguments, args, "swift export")
-    if a.push_to_hub and not (a.merge_lora or a.to_gguf or a.quant_method):
+    if a.options.uploads_as_is:
         folder = a.adapters[0] if a.adapters else a.model
         return {"uploaded": folder, "hub_model_id": a.hub_model_id, "commit": _push(a, folder)}
     if a.to_gguf:
