@@ -1,5 +1,6 @@
 """The plugin contract: every example in examples/plugins/ registers through swift.plugin.register
 and is used by name in a real run; installed packages' entry points load too."""
+import contextlib
 import json
 import math
 import os
@@ -123,13 +124,37 @@ def test_the_consoles_check_of_a_command_line_leaves_no_plugin_behind(tmp_path):
     from swift.plugin import registry
     from swift.utils.registry import SwiftError
 
-    path = list(sys.path)
-    check("rlhf", RLHFArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft", "--rlhf_type", "grpo", "--loss_type", "vanilla_pg",
-                                  "--reward_funcs", "accuracy", "--external_plugins", plugin("loss_type")])
-    assert "vanilla_pg" not in registry("loss_type") and sys.path == path and "loss_type" not in sys.modules
-    with pytest.raises(SwiftError, match="unknown GRPO loss type 'vanilla_pg'"):
-        check("rlhf", RLHFArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft", "--rlhf_type", "grpo", "--loss_type",
-                                      "vanilla_pg", "--reward_funcs", "accuracy"])
+    with never_loaded(plugin("loss_type"), "loss_type", "vanilla_pg"):
+        path = list(sys.path)
+        check("rlhf", RLHFArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft", "--rlhf_type", "grpo",
+                                      "--loss_type", "vanilla_pg", "--reward_funcs", "accuracy", "--external_plugins",
+                                      plugin("loss_type")])
+        assert "vanilla_pg" not in registry("loss_type") and sys.path == path and "loss_type" not in sys.modules
+        with pytest.raises(SwiftError, match="unknown GRPO loss type 'vanilla_pg'"):
+            check("rlhf", RLHFArguments, ["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft", "--rlhf_type", "grpo",
+                                          "--loss_type", "vanilla_pg", "--reward_funcs", "accuracy"])
+
+
+@contextlib.contextmanager
+def never_loaded(path, kind, name):
+    """As if this process had never imported the plugin file `path` (registering `name` of `kind`):
+    another test on this worker may have run it in-process. Everything is as before afterwards."""
+    import sys
+
+    from swift import plugin as P
+
+    key = os.path.realpath(path)
+    module = P._loaded.pop(key, None)
+    if module is not None and sys.modules.get(module.__name__) is module:
+        del sys.modules[module.__name__]
+    try:
+        with P.isolated():
+            P.registry(kind)._items.pop(name, None)
+            yield
+    finally:
+        if module is not None:
+            P._loaded[key] = module
+            sys.modules.setdefault(module.__name__, module)
 
 
 def test_two_plugin_files_of_one_name_in_different_folders_are_two_plugins(tmp_path):
