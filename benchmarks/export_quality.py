@@ -4,8 +4,9 @@ decoding speed of the quickstart model, each format run by the runtime it is for
     bash examples/quickstart.sh   # writes output/quickstart/sft
     python benchmarks/export_quality.py [--model output/quickstart/sft] [--out /tmp/export-quality]
 
-Formats: the unquantized checkpoint and bnb int8 / nf4 checkpoints in our engine (TransformersEngine,
-transformers' bitsandbytes layers on CPU), and GGUF f16 / q8_0 / q4_k_m in llama.cpp (llama-cpp-python).
+Formats: the unquantized checkpoint, bnb int8 / nf4 and GPTQ int8 / int4 checkpoints in our engine
+(TransformersEngine; transformers' bitsandbytes layers and gptqmodel's GPTQ kernels on CPU), and GGUF
+f16 / q8_0 / q4_k_m in llama.cpp (llama-cpp-python).
 Each is written by `swift export` itself. Per format:
 - accuracy: greedy exact match on the quickstart's held-out sums (all 576), and agreement with the
   unquantized model's answers;
@@ -56,7 +57,7 @@ def export(model: str, out: str, *flags: str) -> None:
 
 
 class Ours:
-    """An HF checkpoint (unquantized or bnb) in TransformersEngine."""
+    """An HF checkpoint (unquantized, bnb or GPTQ) in TransformersEngine."""
 
     def __init__(self, folder: str):
         from swift.infer import TransformersEngine
@@ -165,6 +166,8 @@ def main() -> None:
         "unquantized (fp32)": (a.model, None),
         "bnb int8": (os.path.join(a.out, "bnb8"), ["--quant_method", "bnb", "--quant_bits", "8"]),
         "bnb nf4": (os.path.join(a.out, "bnb4"), ["--quant_method", "bnb", "--quant_bits", "4"]),
+        "GPTQ int8": (os.path.join(a.out, "gptq8"), ["--quant_method", "gptq", "--quant_bits", "8"]),
+        "GPTQ int4": (os.path.join(a.out, "gptq4"), ["--quant_method", "gptq", "--quant_bits", "4"]),
         "GGUF f16": (os.path.join(a.out, "gguf-f16"), ["--to_gguf", "true", "--gguf_type", "f16"]),
         "GGUF q8_0": (os.path.join(a.out, "gguf-q8_0"), ["--to_gguf", "true", "--gguf_type", "q8_0"]),
         "GGUF q4_k_m": (os.path.join(a.out, "gguf-q4_k_m"), ["--to_gguf", "true", "--gguf_type", "q4_k_m"]),

