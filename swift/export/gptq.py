@@ -81,6 +81,18 @@ def quantize(hf_dir: str, out_dir: str, scratch: str, rows: list[dict], bits: in
 
     config = QuantizeConfig(bits=bits, group_size=group_size, desc_act=False, sym=True,
                             offload_to_disk_path=os.path.join(scratch, "gptq-offload"))
+    hf_dir, out_dir = os.path.abspath(hf_dir), os.path.abspath(out_dir)
+    cwd = os.getcwd()
+    # gptqmodel writes a log file per quantize into ./logs of the working directory: the scratch folder's
+    os.chdir(scratch)
+    try:
+        _quantize(GPTQModel, hf_dir, out_dir, config, rows, batch_size, max_shard_size)
+    finally:
+        os.chdir(cwd)
+
+
+def _quantize(GPTQModel, hf_dir: str, out_dir: str, config, rows: list[dict], batch_size: int,
+              max_shard_size: str) -> None:
     try:
         model = GPTQModel.load(hf_dir, config, device=None if _cuda() else "cpu")
     except (TypeError, ValueError, KeyError, AttributeError, NotImplementedError) as e:
@@ -89,6 +101,23 @@ def quantize(hf_dir: str, out_dir: str, scratch: str, rows: list[dict], bits: in
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     model.quantize(rows, batch_size=batch_size)
     model.save(out_dir, max_shard_size=max_shard_size)
+    _without_local_paths(out_dir)
+
+
+def _without_local_paths(out_dir: str) -> None:
+    """gptqmodel records its offload folder (in our scratch folder, gone after the export) in the saved
+    configs' metadata: a path of this machine that an upload would publish."""
+    from swift.utils.io import read_json, write_json
+
+    for name, key in (("config.json", "quantization_config"), ("quantize_config.json", None)):
+        path = os.path.join(out_dir, name)
+        if os.path.isfile(path):
+            config = read_json(path)
+            meta = (config.get(key) if key else config or {}).get("meta") or {}
+            if meta.pop("offload_to_disk_path", None) is not None:
+                mode = os.stat(path).st_mode
+                write_json(path, config)
+                os.chmod(path, mode)  # as gptqmodel wrote it (write_json's temporary file is private)
 
 
 def _cuda() -> bool:

@@ -16,8 +16,8 @@ from tests.conftest import SWIFT
 
 
 
-def export(*flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*SWIFT, "export", *flags], capture_output=True, text=True)
+def export(*flags: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*SWIFT, "export", *flags], capture_output=True, text=True, cwd=cwd)
 
 
 def held_out():
@@ -357,9 +357,13 @@ def test_quantized_checkpoint_loads_in_swift_infer_and_deploy(reference, tmp_pat
 
     model_dir, rows, ours = reference
     out = tmp_path / f"{method}{bits}"
+    work = tmp_path / "work"
+    work.mkdir()
     proc = export("--model", model_dir, "--quant_method", method, "--quant_bits", str(bits), *flags,
-                  "--output_dir", str(out))
+                  "--output_dir", str(out), cwd=work)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert os.listdir(work) == []  # gptqmodel's log files went with the scratch folder
+    assert str(tmp_path) not in (out / "config.json").read_text()  # nor is its offload folder recorded
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     if method == "bnb":
         assert config[f"load_in_{bits}bit"] is True
