@@ -15,8 +15,9 @@ class DataArguments:
     split_dataset_ratio: float = field(default=0.0, metadata={"help": "Fraction of --dataset held out for validation when --val_dataset is not given."})
     columns: str | None = field(default=None, metadata={"help": "JSON mapping of column renames applied before format detection, e.g. '{\"q\": \"query\"}'."})
     load_from_cache_file: bool = field(default=False, metadata={
-        "help": "ms-swift's dataset-cache switch. This version keeps no cache of encoded datasets: every run "
-                "encodes its rows (what a cache miss does), so true only logs that."})
+        "help": "ms-swift's dataset-cache switch. This version keeps no automatic cache of encoded datasets: every "
+                "run encodes its rows (what a cache miss does), so true only logs that; an explicit cache is "
+                "`swift export --to_cached_dataset` with --cached_dataset."})
     strict: bool = field(default=False, metadata={"help": "true: a bad row stops the run naming file and row; false: bad rows are dropped and counted."})
     streaming: bool = field(default=False, metadata={"help": "Read and encode data lazily as training consumes it (needs --max_steps)."})
     padding_free: bool = field(default=False, metadata={
@@ -32,6 +33,9 @@ class DataArguments:
         "help": "Encode each row when training reaches it instead of all rows up front (not with --packing)."})
     dataset_num_proc: int = field(default=1, metadata={
         "help": "Processes that encode (tokenize) the rows; the result is the same as with 1."})
+    cached_dataset: list[str] = field(default_factory=list, metadata={
+        "help": "Folders written by `swift export --to_cached_dataset`: their rows, encoded already, train (and "
+                "their val rows validate) instead of --dataset (sft/pt)."})
 
     def __post_init__(self) -> None:
         for flag in ("model_name", "model_author"):
@@ -53,6 +57,20 @@ class DataArguments:
         if self.streaming and self.packing:
             raise SwiftError("--packing needs the whole dataset up front; it cannot be combined with --streaming")
         self.column_map  # validate early
+        if isinstance(self.cached_dataset, str):
+            self.cached_dataset = [self.cached_dataset]
+        if self.cached_dataset:
+            self._check_cached()
+
+    def _check_cached(self) -> None:
+        """Flags that decide how rows are read and encoded were applied by the export already."""
+        read = [f for f in ("dataset", "val_dataset", "model_name", "model_author", "columns") if getattr(self, f)]
+        read += [f for f, default in (("split_dataset_ratio", 0.0), ("streaming", False), ("lazy_tokenize", False),
+                                      ("dataset_num_proc", 1), ("dataset_shuffle", True))
+                 if getattr(self, f) != default]
+        if read:
+            raise SwiftError(f"--{read[0]} reads or encodes rows; with --cached_dataset the rows are encoded already "
+                             "(pass it to `swift export --to_cached_dataset` instead)")
 
     @property
     def column_map(self) -> dict[str, str]:

@@ -25,8 +25,9 @@ REASONS: dict[str, tuple[str, ...]] = {
     "RoPE scaling is read from the model's config only": ("rope_scaling", "max_model_len"),
     "models load onto one device per process (multi-GPU: NPROC_PER_NODE)": ("device_map", "max_memory"),
     # -- data ----------------------------------------------------------------------------------------
-    "datasets are not cached to disk by `swift export`; each run encodes its rows":
-        ("cached_dataset", "cached_val_dataset"),
+    "a cached dataset's own val split (--split_dataset_ratio or --val_dataset of `swift export "
+    "--to_cached_dataset`) validates; --cached_dataset takes the folder":
+        ("cached_val_dataset",),
     "datasets are concatenated, not interleaved": ("interleave_prob", "stopping_strategy"),
     "streaming reads rows in file order without a shuffle buffer": ("shuffle_buffer_size",),
     "hub downloads reuse the local cache": ("download_mode",),

@@ -404,6 +404,9 @@ class RLHFArguments(SftArguments):
         if algo.task_type != "causal_lm":  # a value head: rm → seq_cls, prm → token_cls
             self.model_args.task_type = algo.task_type
             self.model_args.num_labels = self.model_args.num_labels or algo.num_labels
+        if self.cached_dataset:
+            raise SwiftError("--cached_dataset holds sft/pt samples; swift rlhf encodes its pairs, groups and prompts "
+                             "from --dataset at start")
         super().__post_init__()
         if self.packing or self.padding_free:
             raise SwiftError(f"--{'packing' if self.packing else 'padding_free'} is not supported with swift rlhf "

@@ -1,6 +1,7 @@
 """Arguments of `swift pt` and `swift sft`: model + data + template + tuner + HF training arguments."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -142,7 +143,9 @@ class SftArguments(ComposedArguments):
         tuner = kwargs.get("train_type") or kwargs.get("tuner_type") or self.defaults.get("tuner_type", "lora")
         if kwargs.get("learning_rate") is None:
             kwargs["learning_rate"] = 1e-4 if tuner == "lora" else 1e-5
-        has_val = bool(kwargs.get("val_dataset")) or float(kwargs.get("split_dataset_ratio") or 0) > 0
+        cached = kwargs.get("cached_dataset") or []
+        has_val = bool(kwargs.get("val_dataset")) or float(kwargs.get("split_dataset_ratio") or 0) > 0 or any(
+            os.path.isdir(os.path.join(d, "val")) for d in ([cached] if isinstance(cached, str) else cached))
         if kwargs.get("eval_strategy") is None:  # with validation data, evaluate whenever a checkpoint is saved
             kwargs["eval_strategy"] = ("epoch" if str(kwargs.get("save_strategy")) == "epoch" else "steps") \
                 if has_val else "no"
@@ -153,8 +156,14 @@ class SftArguments(ComposedArguments):
     def __post_init__(self) -> None:
         if not self.model:
             raise SwiftError("--model is required (a local directory, a hub id, or builtin:tiny-chat)")
-        if not self.dataset:
+        if not self.dataset and not self.cached_dataset:
             raise SwiftError("--dataset is required (a file, a hub id, or builtin:arith-sft)")
+        if self.cached_dataset and self.training_args.predict_with_generate:
+            raise SwiftError("--predict_with_generate prompts the model with raw validation rows; a --cached_dataset "
+                             "holds encoded ones only (its eval loss is computed)")
+        if self.cached_dataset and self.task_type != "causal_lm":
+            raise SwiftError("--cached_dataset holds causal_lm samples (prompt and answer tokens); "
+                             f"--task_type {self.task_type} encodes its own")
         if self.streaming and self.max_steps <= 0:
             raise SwiftError("--streaming needs --max_steps (the length of a stream is unknown)")
         if (self.packing or self.padding_free) and self.attn_impl in ("flash_attn", "flash_attention_2",

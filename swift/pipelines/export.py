@@ -33,6 +33,8 @@ _GENERATION_BLOCK = {None: "if true", "end": "endif"}
 # a checkpoint's weight files: with --exist_ok, those of an earlier export are removed so that no
 # stale shard is loaded beside the new ones
 WEIGHT_FILE = re.compile(r".*\.(safetensors|bin|gguf)$|.*\.safetensors\.index\.json$|.*\.bin\.index\.json$")
+# the order and split of a cached dataset's rows: training's default --seed (--data_seed unset)
+CACHE_SEED = 42
 SHARD_SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B|B)?$", re.IGNORECASE)
 
 
@@ -88,19 +90,39 @@ class ExportOptions:
     hub_private_repo: bool = field(default=False, metadata={"help": "Create the repo private when it is missing."})
     commit_message: str = field(default="update files", metadata={"help": "The upload's commit message."})
     dataset: list[str] = field(default_factory=list, metadata={
-        "help": "GPTQ calibration rows (default builtin:arith-sft), encoded by the model's chat template."})
+        "help": "--to_cached_dataset: the rows to encode; GPTQ: calibration rows (default builtin:arith-sft), encoded "
+                "by the model's chat template."})
     quant_n_samples: int | None = field(default=None, metadata={"help": "GPTQ: calibration rows used (default 256)."})
     quant_batch_size: int | None = field(default=None, metadata={
         "help": "GPTQ: calibration rows run through the model at once (default 1)."})
     group_size: int | None = field(default=None, metadata={
         "help": "GPTQ: input columns that share one scale (default 128; -1: one per output row)."})
     max_length: int | None = field(default=None, metadata={
-        "help": "GPTQ: calibration rows are cut to this many tokens (default 2048)."})
+        "help": "GPTQ: calibration rows are cut to this many tokens; --to_cached_dataset: as training's (default 2048)."})
     to_peft_format: bool = field(default=False, metadata={
         "help": "Refused: adapters written by this version are in PEFT's format already."})
-    to_cached_dataset: bool = field(default=False, metadata={"help": "Refused: not built yet."})
-    dataset_num_proc: int | None = field(default=None, metadata={"help": "Refused: read by --to_cached_dataset."})
-    split_dataset_ratio: float | None = field(default=None, metadata={"help": "Refused: read by --to_cached_dataset."})
+    to_cached_dataset: bool = field(default=False, metadata={
+        "help": "Encode --dataset as `swift sft` would and save it (Arrow) for `swift sft|pt --cached_dataset`."})
+    val_dataset: list[str] = field(default_factory=list, metadata={"help": "--to_cached_dataset: validation rows."})
+    split_dataset_ratio: float | None = field(default=None, metadata={
+        "help": "--to_cached_dataset: fraction of --dataset held out as the cache's val rows (default 0)."})
+    dataset_num_proc: int | None = field(default=None, metadata={
+        "help": "--to_cached_dataset: processes that encode the rows (default 1; the result is the same)."})
+    columns: str | None = field(default=None, metadata={
+        "help": "--to_cached_dataset: as training's (a JSON mapping of column renames)."})
+    model_name: list[str] = field(default_factory=list, metadata={
+        "help": "--to_cached_dataset: fills {{NAME}} in the rows, as training's."})
+    model_author: list[str] = field(default_factory=list, metadata={
+        "help": "--to_cached_dataset: fills {{AUTHOR}} in the rows, as training's."})
+    strict: bool = field(default=False, metadata={
+        "help": "--to_cached_dataset: a row that cannot be encoded stops the export (default: dropped and counted)."})
+    template: str | None = field(default=None, metadata={
+        "help": "--to_cached_dataset: as training's --template (default: the model's chat template)."})
+    system: str | None = field(default=None, metadata={"help": "--to_cached_dataset: as training's --system."})
+    truncation_strategy: str | None = field(default=None, metadata={
+        "help": "--to_cached_dataset: as training's (delete, left, right; default delete)."})
+    loss_scale: str | None = field(default=None, metadata={
+        "help": "--to_cached_dataset: as training's (default; `swift pt` trains with all)."})
     to_mcore: bool = field(default=False, metadata={"help": "Refused: this project has no Megatron backend."})
     to_hf: bool = field(default=False, metadata={"help": "Refused: this project has no Megatron backend."})
 
@@ -110,12 +132,20 @@ class ExportOptions:
         if self.to_ollama:
             self.to_gguf = True
         self._refuse_unbuilt()
+        if self.to_cached_dataset:
+            self._check_cached_dataset()
+        else:
+            unread = [f for f in ("val_dataset", "split_dataset_ratio", "dataset_num_proc", "columns", "model_name",
+                                  "model_author", "template", "system", "truncation_strategy", "loss_scale")
+                      if getattr(self, f) not in (None, [])] + (["strict"] if self.strict else [])
+            if unread:
+                raise SwiftError(f"--{unread[0]} is read only with --to_cached_dataset true")
         self._check_values()
         self._check_quant()
         self._check_hub_flags()
-        if not (self.merge_lora or self.to_gguf or self.quant_method or self.push_to_hub):
-            raise SwiftError("nothing to export: pass --merge_lora true, --quant_method bnb, --to_gguf true, "
-                             "--to_ollama true or --push_to_hub true")
+        if not (self.merge_lora or self.to_gguf or self.quant_method or self.push_to_hub or self.to_cached_dataset):
+            raise SwiftError("nothing to export: pass --merge_lora true, --quant_method bnb|gptq, --to_gguf true, "
+                             "--to_ollama true, --to_cached_dataset true or --push_to_hub true")
         if self.uploads_as_is:
             self._check_upload_as_is()
         else:
@@ -128,17 +158,45 @@ class ExportOptions:
 
     def _refuse_unbuilt(self) -> None:
         """ms-swift's export paths this version does not build, and the flags only they read."""
-        if self.to_cached_dataset:
-            raise SwiftError("--to_cached_dataset is not built yet: each training run encodes its rows")
-        for flag in ("dataset_num_proc", "split_dataset_ratio"):
-            if getattr(self, flag) is not None:
-                raise SwiftError(f"--{flag} is read by --to_cached_dataset, which is not built yet")
         if self.to_peft_format:
             raise SwiftError("--to_peft_format: adapters written by this version are in PEFT's format already")
         for flag in ("to_mcore", "to_hf"):
             if getattr(self, flag):
                 raise SwiftError(f"--{flag}: Megatron-Core checkpoints are not made here (this project trains with "
                                  "HF models, DeepSpeed and FSDP only, so there is nothing to convert to or from)")
+
+    def _check_cached_dataset(self) -> None:
+        """--to_cached_dataset: rows encoded with the model's tokenizer; no model is written."""
+        from swift.arguments.template import TemplateArguments
+
+        others = [f for f in ("merge_lora", "to_gguf", "quant_method", "push_to_hub") if getattr(self, f)]
+        if others or self.adapters:
+            raise SwiftError(f"--to_cached_dataset writes a dataset, not a model: leave out --{(others or ['adapters'])[0]} "
+                             "(export the model in another run)")
+        if not self.model:
+            raise SwiftError("--to_cached_dataset needs --model (its tokenizer and chat template encode the rows)")
+        if not self.dataset:
+            raise SwiftError("--to_cached_dataset needs --dataset (the rows to encode)")
+        # training's template flags, checked by training's own class, with its defaults
+        template = TemplateArguments(**{f: getattr(self, f) for f in ("template", "system", "max_length",
+                                                                      "truncation_strategy", "loss_scale")
+                                        if getattr(self, f) is not None})
+        for f in ("max_length", "truncation_strategy", "loss_scale"):
+            setattr(self, f, getattr(template, f))
+        self.split_dataset_ratio = self.split_dataset_ratio or 0.0
+        self.dataset_num_proc = self.dataset_num_proc or 1
+        self.data_args()  # training's own checks of the row flags
+        if self.val_dataset and self.split_dataset_ratio:
+            raise SwiftError("--split_dataset_ratio holds rows of --dataset out; with --val_dataset it is not read")
+
+    def data_args(self):
+        """--to_cached_dataset's row flags as training takes them."""
+        from swift.arguments.data import DataArguments
+
+        return DataArguments(dataset=self.dataset, val_dataset=self.val_dataset,
+                             split_dataset_ratio=self.split_dataset_ratio, dataset_num_proc=self.dataset_num_proc,
+                             columns=self.columns, strict=self.strict, model_name=self.model_name,
+                             model_author=self.model_author)
 
     def _check_values(self) -> None:
         """Each value is valid, and each flag is one this export reads."""
@@ -197,7 +255,8 @@ class ExportOptions:
             raise SwiftError("--model is required (or --adapters, whose base model is read from them)")
         if self.output_dir is None:
             source = (self.adapters[-1] if self.adapters else self.model).rstrip("/")
-            suffix = ("ollama" if self.to_ollama else f"gguf-{self.gguf_type}" if self.to_gguf
+            suffix = ("cached_dataset" if self.to_cached_dataset else "ollama" if self.to_ollama
+                      else f"gguf-{self.gguf_type}" if self.to_gguf
                       else f"{self.quant_method}-int{self.quant_bits}" if self.quant_method else "merged")
             self.output_dir = os.path.basename(source.replace("builtin:", "")) + f"-{suffix}" \
                 if not self.adapters else f"{source}-{suffix}"
@@ -217,8 +276,10 @@ class ExportOptions:
                              "HF checkpoints and GGUF (--to_gguf --gguf_type q8_0|q4_k_m)")
         if self.quant_method not in (None, "bnb", "gptq"):
             raise SwiftError(f"--quant_method {self.quant_method!r} is not one of bnb, gptq, awq, fp8")
-        calibration = [f for f in ("quant_n_samples", "quant_batch_size", "group_size", "max_length")
-                       if getattr(self, f) is not None] + (["dataset"] if self.dataset else [])
+        calibration = [f for f in ("quant_n_samples", "quant_batch_size", "group_size")
+                       if getattr(self, f) is not None]
+        if not self.to_cached_dataset:  # which reads these two as well
+            calibration += [f for f in ("max_length", "dataset") if getattr(self, f) not in (None, [])]
         if calibration and self.quant_method != "gptq":
             raise SwiftError(f"--{calibration[0]} is GPTQ calibration, read only with --quant_method gptq")
         set_bnb = [f for f in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage") if getattr(self, f) is not None]
@@ -382,6 +443,39 @@ def _quantize_bnb(a, hf_dir: str, staging: str) -> None:
     tokenizer.save_pretrained(staging)
 
 
+def _cache_dataset(a, staging: str) -> dict[str, Any]:
+    """--to_cached_dataset: --dataset read, split and encoded as `swift sft` does (the same functions,
+    training's default seed), saved with the encoding it was made with."""
+    from transformers import AutoConfig
+
+    from swift.dataset.cache import encoding_of, write_cache
+    from swift.dataset.encode import encode_rows
+    from swift.model.loader import load_tokenizer, resolve_model_dir
+    from swift.pipelines.train import read_rows
+    from swift.template import choose_template, get_template
+
+    model_dir, _ = resolve_model_dir(a.model, use_hf=a.use_hf)
+    tokenizer = load_tokenizer(model_dir)
+    name = choose_template(a.template, None, AutoConfig.from_pretrained(model_dir).model_type, tokenizer)
+    template = get_template(name, tokenizer, system=a.system, max_length=a.max_length,
+                            truncation_strategy=a.truncation_strategy, loss_scale=a.loss_scale)
+    data = a.options.data_args()
+    train_rows, val_rows = read_rows(data, CACHE_SEED, a.use_hf)
+    train = encode_rows(train_rows, template, strict=data.strict, desc="encode train", num_proc=a.dataset_num_proc)
+    train_rows.report("train dataset")
+    if not train:
+        raise SwiftError(f"--dataset {' '.join(a.dataset)}: no row could be encoded; see the dropped-row report above")
+    val = encode_rows(val_rows, template, strict=data.strict, desc="encode val", num_proc=a.dataset_num_proc) \
+        if len(val_rows) else []
+    if len(val_rows):
+        val_rows.report("val dataset")
+    write_cache(staging, train, val, encoding_of(template),
+                {"model": a.model, "dataset": a.dataset, "val_dataset": a.val_dataset,
+                 "split_dataset_ratio": a.split_dataset_ratio, "seed": CACHE_SEED})
+    logger.info(f"encoded {len(train)} train and {len(val)} val rows with template {name}")
+    return {"cached_dataset": a.output_dir, "train_rows": len(train), "val_rows": len(val)}
+
+
 def _publish(staging: str, output_dir: str) -> list[str]:
     """Move the staged export into `output_dir`; returns the names written. Into an existing folder
     (--exist_ok), the weight files of an earlier export go first, so no stale shard is loaded beside
@@ -442,6 +536,10 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private; the export is an ordinary folder
         # beside the export, not in $TMPDIR: a merged model for --to_gguf is as large as the model
         scratch = tempfile.mkdtemp(dir=parent, prefix=f".{name}.scratch-")
+        if a.to_cached_dataset:
+            result.update(_cache_dataset(a, staging))
+            _publish(staging, a.output_dir)
+            return result
         hf_dir = _hf_source(a, staging, scratch)
         if a.merge_lora:
             result["merged"] = a.output_dir

@@ -92,16 +92,10 @@ class TrainPipeline:
                                      use_hf=a.use_hf,
                                      prepare=lambda row: fill_identity([row], a.model_name, a.model_author))
             val_rows = load_rows(a.val_dataset, **load) if a.val_dataset else RowSet()
+        elif a.cached_dataset:
+            return self._cached(template, seed)
         else:
-            train_rows = load_rows(a.dataset, shuffle=a.dataset_shuffle, **load)
-            if a.val_dataset:
-                val_rows = load_rows(a.val_dataset, **load)
-            elif a.split_dataset_ratio > 0:
-                train_rows, val_rows = split_rows(train_rows, a.split_dataset_ratio, seed)
-            else:
-                val_rows = RowSet()
-            for rows in (train_rows, val_rows):
-                fill_identity(rows.rows, a.model_name, a.model_author)
+            train_rows, val_rows = read_rows(a.data_args, seed, a.use_hf)
             if a.lazy_tokenize:
                 train = LazyDataset(train_rows, self.row_encoder(template), strict=a.strict)
                 return train, self._val(val_rows, template), val_rows.rows
@@ -114,6 +108,28 @@ class TrainPipeline:
                 logger.info(f"packed into {len(samples)} rows of up to {a.max_length} tokens")
             train = ListDataset(samples)
         return train, self._val(val_rows, template), val_rows.rows
+
+    def _cached(self, template, seed: int):
+        """--cached_dataset: the encoded rows `swift export --to_cached_dataset` wrote, if this run's
+        template encodes as theirs did (packed here with --packing, as encoded rows are)."""
+        from datasets import concatenate_datasets
+
+        from swift.dataset.cache import CachedRows, encoding_of, load_cache
+
+        a = self.args
+        encoding = encoding_of(template)
+        trains, vals = zip(*(load_cache(folder, encoding) for folder in a.cached_dataset))
+        train = concatenate_datasets(list(trains))
+        vals = [v for v in vals if v is not None]
+        val = CachedRows(concatenate_datasets(vals)) if vals else None
+        logger.info(f"cached dataset: {len(train)} train and {len(val) if val else 0} val rows, encoded already")
+        if not len(train):
+            raise SwiftError(f"--cached_dataset {' '.join(a.cached_dataset)}: no training rows")
+        if a.packing:
+            samples = pack(train.to_list(), a.max_length, seed)
+            logger.info(f"packed into {len(samples)} rows of up to {a.max_length} tokens")
+            return ListDataset(samples), val, []
+        return CachedRows(train), val, []
 
     def _val(self, val_rows: RowSet, template):
         if not len(val_rows):
@@ -212,6 +228,23 @@ class TrainPipeline:
         if _is_main():
             write_json(os.path.join(out, "result.json"), result)
         return result
+
+
+def read_rows(data_args, seed: int, use_hf: bool) -> tuple[RowSet, RowSet]:
+    """The training and validation rows of --dataset / --val_dataset / --split_dataset_ratio, shuffled,
+    split and filled ({{NAME}}, {{AUTHOR}}) as training reads them (`swift export --to_cached_dataset` too)."""
+    d = data_args
+    load = dict(column_map=d.column_map, strict=d.strict, seed=seed, use_hf=use_hf)
+    train_rows = load_rows(d.dataset, shuffle=d.dataset_shuffle, **load)
+    if d.val_dataset:
+        val_rows = load_rows(d.val_dataset, **load)
+    elif d.split_dataset_ratio > 0:
+        train_rows, val_rows = split_rows(train_rows, d.split_dataset_ratio, seed)
+    else:
+        val_rows = RowSet()
+    for rows in (train_rows, val_rows):
+        fill_identity(rows.rows, d.model_name, d.model_author)
+    return train_rows, val_rows
 
 
 VERSION_DIR = re.compile(r"v(\d+)-\d{8}-\d{6}$")

@@ -1,0 +1,82 @@
+"""Encoded datasets on disk: `swift export --to_cached_dataset` writes them, `swift sft|pt
+--cached_dataset` trains on them without reading or tokenizing any row.
+
+A cache is a folder with `train/` (and `val/` when the export held rows out) saved by the `datasets`
+library (Arrow files, memory-mapped when loaded) and `cache_info.json`, which records how the rows were
+encoded: the template and its settings, and digests of the tokenizer and chat template. A run whose own
+template would encode differently is refused, so a cache never trains a model on other tokens than its
+rows would give it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from torch.utils.data import Dataset
+
+from swift.utils.io import read_json, write_json
+from swift.utils.registry import SwiftError
+
+INFO = "cache_info.json"
+FORMAT = 1
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def encoding_of(template) -> dict:
+    """What decides the tokens a row becomes: equal encodings encode every row alike."""
+    tokenizer = template.tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    vocab = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    specials = json.dumps({"map": tokenizer.special_tokens_map, "eos": tokenizer.eos_token_id,
+                           "pad": tokenizer.pad_token_id}, sort_keys=True, default=str)
+    return {"format": FORMAT, "template": template.name, "system": template.system,
+            "max_length": template.max_length, "truncation_strategy": template.truncation_strategy,
+            "loss_scale": template.loss_scale, "tokenizer_sha256": _sha256(vocab + specials),
+            "chat_template_sha256": _sha256(getattr(tokenizer, "chat_template", None) or "")}
+
+
+def write_cache(folder: str, train: list[dict], val: list[dict], encoding: dict, source: dict) -> None:
+    from datasets import Dataset as ArrowDataset
+
+    ArrowDataset.from_list(train).save_to_disk(os.path.join(folder, "train"))
+    if val:
+        ArrowDataset.from_list(val).save_to_disk(os.path.join(folder, "val"))
+    write_json(os.path.join(folder, INFO), {"encoding": encoding, "rows": {"train": len(train), "val": len(val)},
+                                            **source})
+
+
+class CachedRows(Dataset):
+    """The rows of a saved split, each a dict of lists (a `datasets.Dataset` is wrapped so that the
+    Trainer does not drop its columns by the model's signature)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.table[i]
+
+
+def load_cache(folder: str, encoding: dict, flag: str = "--cached_dataset"):
+    """(train table, val table or None) of a cache written for `encoding`; one line when it is not
+    a cache or was encoded otherwise."""
+    from datasets import load_from_disk
+
+    path = os.path.join(folder, INFO)
+    if not os.path.isfile(path):
+        raise SwiftError(f"{flag} {folder}: no {INFO} there (not written by `swift export --to_cached_dataset`)")
+    recorded = read_json(path).get("encoding", {})
+    for key, value in encoding.items():
+        if recorded.get(key) != value:
+            what = {"tokenizer_sha256": "another tokenizer", "chat_template_sha256": "another chat template"}.get(
+                key, f"--{key} {recorded.get(key)!r} (this run: {value!r})")
+            raise SwiftError(f"{flag} {folder} was encoded with {what}: export it again with this run's --model and "
+                             "template flags")
+    val = os.path.join(folder, "val")
+    return load_from_disk(os.path.join(folder, "train")), load_from_disk(val) if os.path.isdir(val) else None
