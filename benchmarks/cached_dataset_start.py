@@ -51,6 +51,13 @@ def main() -> None:
     cached_run = ["sft", *COMMON, "--cached_dataset", cache, *TRAIN, "--output_dir", os.path.join(work, "cached")]
     print_config({"both": " ".join([*COMMON, *TRAIN])}, {"rows": " ".join(ROWS), "cache": f"--cached_dataset {cache}"},
                  notes=[f"benchmark flags: {vars(a)}", f"cpu count: {os.cpu_count()}"])
+    try:
+        run(a, cache, rows_run, cached_run)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(a, cache: str, rows_run: list[str], cached_run: list[str]) -> None:
     export_s = timed(["export", *COMMON, *ROWS, "--to_cached_dataset", "true", "--output_dir", cache])
     info = json.load(open(os.path.join(cache, "cache_info.json")))
     timed(rows_run), timed(cached_run)  # warm-up: file caches, imports compiled
@@ -63,7 +70,6 @@ def main() -> None:
               "speedup": round(statistics.median(rows) / statistics.median(cached), 2),
               "runs": {"rows": [round(x, 2) for x in rows], "cache": [round(x, 2) for x in cached]}}
     print(json.dumps(result))
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -65,12 +65,16 @@ class DataArguments:
     def _check_cached(self) -> None:
         """Flags that decide how rows are read and encoded were applied by the export already."""
         read = [f for f in ("dataset", "val_dataset", "model_name", "model_author", "columns") if getattr(self, f)]
-        read += [f for f, default in (("split_dataset_ratio", 0.0), ("streaming", False), ("lazy_tokenize", False),
-                                      ("dataset_num_proc", 1), ("dataset_shuffle", True))
+        read += [f for f, default in (("split_dataset_ratio", 0.0), ("dataset_num_proc", 1), ("strict", False))
                  if getattr(self, f) != default]
         if read:
             raise SwiftError(f"--{read[0]} reads or encodes rows; with --cached_dataset the rows are encoded already "
                              "(pass it to `swift export --to_cached_dataset` instead)")
+        lazy = [f for f, default in (("streaming", False), ("lazy_tokenize", False), ("dataset_shuffle", True))
+                if getattr(self, f) != default]
+        if lazy:
+            raise SwiftError(f"--{lazy[0]} is about reading rows; a --cached_dataset is read, shuffled (with its seed) "
+                             "and encoded already")
 
     @property
     def column_map(self) -> dict[str, str]:

@@ -33,10 +33,15 @@ def encoding_of(template) -> dict:
     vocab = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
     specials = json.dumps({"map": tokenizer.special_tokens_map, "eos": tokenizer.eos_token_id,
                            "pad": tokenizer.pad_token_id}, sort_keys=True, default=str)
-    return {"format": FORMAT, "template": template.name, "system": template.system,
+    chat_template = getattr(tokenizer, "chat_template", None) or ""
+    if not isinstance(chat_template, str):  # several named templates
+        chat_template = json.dumps(chat_template, sort_keys=True)
+    cls = type(template)
+    return {"format": FORMAT, "template": template.name, "template_class": f"{cls.__module__}.{cls.__qualname__}",
+            "system": template.system,
             "max_length": template.max_length, "truncation_strategy": template.truncation_strategy,
             "loss_scale": template.loss_scale, "tokenizer_sha256": _sha256(vocab + specials),
-            "chat_template_sha256": _sha256(getattr(tokenizer, "chat_template", None) or "")}
+            "chat_template_sha256": _sha256(chat_template)}
 
 
 def write_cache(folder: str, train: list[dict], val: list[dict], encoding: dict, source: dict) -> None:
@@ -63,20 +68,34 @@ class CachedRows(Dataset):
         return self.table[i]
 
 
-def load_cache(folder: str, encoding: dict, flag: str = "--cached_dataset"):
-    """(train table, val table or None) of a cache written for `encoding`; one line when it is not
-    a cache or was encoded otherwise."""
+# what a differing encoding key is called in the one-line refusal (other keys are flags)
+_NAMES = {"tokenizer_sha256": "another tokenizer", "chat_template_sha256": "another chat template",
+          "format": "another cache format", "template_class": "another template class"}
+
+
+def load_cache(folder: str, encoding: dict, seed: int, flag: str = "--cached_dataset"):
+    """(train table, val table or None) of a cache written for `encoding` with rows read, shuffled and
+    split with `seed`; one line when it is not a cache, or was made otherwise."""
     from datasets import load_from_disk
 
     path = os.path.join(folder, INFO)
     if not os.path.isfile(path):
         raise SwiftError(f"{flag} {folder}: no {INFO} there (not written by `swift export --to_cached_dataset`)")
-    recorded = read_json(path).get("encoding", {})
+    try:
+        info = read_json(path)
+        recorded, rows = info["encoding"], info["rows"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SwiftError(f"{flag} {folder}: {INFO} is not readable ({type(e).__name__}: {e})") from None
     for key, value in encoding.items():
         if recorded.get(key) != value:
-            what = {"tokenizer_sha256": "another tokenizer", "chat_template_sha256": "another chat template"}.get(
-                key, f"--{key} {recorded.get(key)!r} (this run: {value!r})")
+            what = _NAMES.get(key, f"--{key} {recorded.get(key)!r} (this run: {value!r})")
             raise SwiftError(f"{flag} {folder} was encoded with {what}: export it again with this run's --model and "
                              "template flags")
-    val = os.path.join(folder, "val")
-    return load_from_disk(os.path.join(folder, "train")), load_from_disk(val) if os.path.isdir(val) else None
+    if info.get("seed") != seed:
+        raise SwiftError(f"{flag} {folder} was read, shuffled and split with seed {info.get('seed')} (this run's data "
+                         f"seed: {seed}): export it again with --seed {seed}")
+    train = load_from_disk(os.path.join(folder, "train"))
+    val = load_from_disk(os.path.join(folder, "val")) if rows.get("val") else None
+    if len(train) != rows.get("train") or (val is not None and len(val) != rows["val"]):
+        raise SwiftError(f"{flag} {folder}: its rows are not the ones {INFO} records (written over by another export?)")
+    return train, val

@@ -33,8 +33,8 @@ def check_installed() -> None:
     for name in ("gptqmodel", "optimum"):
         try:
             importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
+        except ImportError as e:  # the package, or a module it imports
+            missing.append(name if e.name in (None, name) else f"{e.name} (imported by {name})")
     if missing:
         raise SwiftError(f"--quant_method gptq needs {' and '.join(missing)}: {INSTALL} (the file says why not "
                          "an extra)")

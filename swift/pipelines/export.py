@@ -33,7 +33,7 @@ _GENERATION_BLOCK = {None: "if true", "end": "endif"}
 # a checkpoint's weight files: with --exist_ok, those of an earlier export are removed so that no
 # stale shard is loaded beside the new ones
 WEIGHT_FILE = re.compile(r".*\.(safetensors|bin|gguf)$|.*\.safetensors\.index\.json$|.*\.bin\.index\.json$")
-# the order and split of a cached dataset's rows: training's default --seed (--data_seed unset)
+# the order, #N sample and split of a cached dataset's rows by default: training's default --seed
 CACHE_SEED = 42
 SHARD_SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B|B)?$", re.IGNORECASE)
 
@@ -116,6 +116,9 @@ class ExportOptions:
         "help": "--to_cached_dataset: fills {{AUTHOR}} in the rows, as training's."})
     strict: bool = field(default=False, metadata={
         "help": "--to_cached_dataset: a row that cannot be encoded stops the export (default: dropped and counted)."})
+    seed: int | None = field(default=None, metadata={
+        "help": "--to_cached_dataset: the data seed (#N sampling, shuffle, split) of the runs that will train on it "
+                "(default 42, training's)."})
     template: str | None = field(default=None, metadata={
         "help": "--to_cached_dataset: as training's --template (default: the model's chat template)."})
     system: str | None = field(default=None, metadata={"help": "--to_cached_dataset: as training's --system."})
@@ -136,7 +139,7 @@ class ExportOptions:
             self._check_cached_dataset()
         else:
             unread = [f for f in ("val_dataset", "split_dataset_ratio", "dataset_num_proc", "columns", "model_name",
-                                  "model_author", "template", "system", "truncation_strategy", "loss_scale")
+                                  "model_author", "template", "system", "truncation_strategy", "loss_scale", "seed")
                       if getattr(self, f) not in (None, [])] + (["strict"] if self.strict else [])
             if unread:
                 raise SwiftError(f"--{unread[0]} is read only with --to_cached_dataset true")
@@ -183,6 +186,7 @@ class ExportOptions:
                                         if getattr(self, f) is not None})
         for f in ("max_length", "truncation_strategy", "loss_scale"):
             setattr(self, f, getattr(template, f))
+        self.seed = CACHE_SEED if self.seed is None else self.seed
         self.split_dataset_ratio = self.split_dataset_ratio or 0.0
         self.dataset_num_proc = self.dataset_num_proc or 1
         self.data_args()  # training's own checks of the row flags
@@ -243,7 +247,8 @@ class ExportOptions:
 
     def _check_paths(self) -> None:
         """The inputs exist; --output_dir (defaulted as ms-swift names it) is free and no input."""
-        if self.use_hf and not self.push_to_hub and self.model and (
+        reads_data = self.to_cached_dataset or self.quant_method == "gptq"  # --use_hf picks the datasets' hub too
+        if self.use_hf and not self.push_to_hub and not reads_data and self.model and (
                 os.path.isdir(self.model) or self.model.startswith("builtin:")):
             raise SwiftError("--use_hf picks the hub of a hub id or of --push_to_hub; --model here is local")
         if self.merge_lora and not self.adapters:
@@ -460,7 +465,7 @@ def _cache_dataset(a, staging: str) -> dict[str, Any]:
     template = get_template(name, tokenizer, system=a.system, max_length=a.max_length,
                             truncation_strategy=a.truncation_strategy, loss_scale=a.loss_scale)
     data = a.options.data_args()
-    train_rows, val_rows = read_rows(data, CACHE_SEED, a.use_hf)
+    train_rows, val_rows = read_rows(data, a.seed, a.use_hf)
     train = encode_rows(train_rows, template, strict=data.strict, desc="encode train", num_proc=a.dataset_num_proc)
     train_rows.report("train dataset")
     if not train:
@@ -471,12 +476,12 @@ def _cache_dataset(a, staging: str) -> dict[str, Any]:
         val_rows.report("val dataset")
     write_cache(staging, train, val, encoding_of(template),
                 {"model": a.model, "dataset": a.dataset, "val_dataset": a.val_dataset,
-                 "split_dataset_ratio": a.split_dataset_ratio, "seed": CACHE_SEED})
+                 "split_dataset_ratio": a.split_dataset_ratio, "seed": a.seed})
     logger.info(f"encoded {len(train)} train and {len(val)} val rows with template {name}")
     return {"cached_dataset": a.output_dir, "train_rows": len(train), "val_rows": len(val)}
 
 
-def _publish(staging: str, output_dir: str) -> list[str]:
+def _publish(staging: str, output_dir: str, replaces: tuple[str, ...] = ()) -> list[str]:
     """Move the staged export into `output_dir`; returns the names written. Into an existing folder
     (--exist_ok), the weight files of an earlier export go first, so no stale shard is loaded beside
     the new ones; other files stay unless the export has one of the same name."""
@@ -487,7 +492,9 @@ def _publish(staging: str, output_dir: str) -> list[str]:
         return written
     for name in os.listdir(output_dir):
         path = os.path.join(output_dir, name)
-        if WEIGHT_FILE.match(name) and os.path.isfile(path) and name not in written:
+        if name in replaces and name not in written:  # an earlier export's part this one does not have
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        elif WEIGHT_FILE.match(name) and os.path.isfile(path) and name not in written:
             os.remove(path)
     for name in written:
         dst = os.path.join(output_dir, name)
@@ -537,8 +544,10 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
         # beside the export, not in $TMPDIR: a merged model for --to_gguf is as large as the model
         scratch = tempfile.mkdtemp(dir=parent, prefix=f".{name}.scratch-")
         if a.to_cached_dataset:
+            from swift.dataset.cache import INFO
+
             result.update(_cache_dataset(a, staging))
-            _publish(staging, a.output_dir)
+            _publish(staging, a.output_dir, replaces=("train", "val", INFO))
             return result
         hf_dir = _hf_source(a, staging, scratch)
         if a.merge_lora:

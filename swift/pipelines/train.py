@@ -85,7 +85,7 @@ class TrainPipeline:
         a = self.args
         seed = a.data_seed if a.data_seed is not None else a.seed
         load = dict(column_map=a.data_args.column_map, strict=a.strict, seed=seed, use_hf=a.use_hf)
-        if a.load_from_cache_file:
+        if a.load_from_cache_file and not a.cached_dataset:
             logger.info("--load_from_cache_file: this version keeps no dataset cache; the rows are encoded now")
         if a.streaming:
             train = StreamingDataset(a.dataset, template, column_map=load["column_map"], strict=a.strict,
@@ -118,7 +118,7 @@ class TrainPipeline:
 
         a = self.args
         encoding = encoding_of(template)
-        trains, vals = zip(*(load_cache(folder, encoding) for folder in a.cached_dataset))
+        trains, vals = zip(*(load_cache(folder, encoding, seed) for folder in a.cached_dataset))
         train = concatenate_datasets(list(trains))
         vals = [v for v in vals if v is not None]
         val = CachedRows(concatenate_datasets(vals)) if vals else None

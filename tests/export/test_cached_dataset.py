@@ -65,7 +65,10 @@ def test_a_cache_encoded_otherwise_is_refused_in_one_line(tmp_path, cache):
     with pytest.raises(SwiftError, match="no cache_info.json there"):
         sft_main(without_data(train_argv(tmp_path / "c", "--cached_dataset", str(tmp_path))))
     for flags, message in [(["--dataset", "builtin:arith-sft#8"], "--dataset reads or encodes rows"),
-                           (["--lazy_tokenize", "true"], "--lazy_tokenize reads or encodes rows"),
+                           (["--lazy_tokenize", "true"], "--lazy_tokenize is about reading rows"),
+                           (["--strict", "true"], "--strict reads or encodes rows"),
+                           # the cache's rows were sampled, shuffled and split with seed 42
+                           (["--data_seed", "7", "--max_length", "64"], "export it again with --seed 7"),
                            (["--predict_with_generate", "true"], "--predict_with_generate prompts the model")]:
         with pytest.raises(SwiftError, match=message):
             sft_main([*without_data(train_argv(tmp_path / "d", "--cached_dataset", str(cache))), *flags])
@@ -100,3 +103,17 @@ def test_export_refusals(tmp_path):
     with pytest.raises(SwiftError, match="--system is read only with --to_cached_dataset true"):
         export_main(["--model", "builtin:tiny-chat", "--to_gguf", "true", "--system", "hi"])
     assert not (tmp_path / "o").exists()
+
+
+def test_an_export_over_an_earlier_cache_leaves_none_of_its_parts(tmp_path):
+    out = tmp_path / "cache"
+    export_main(["--model", "builtin:tiny-chat", *ROWS, "--to_cached_dataset", "true", "--output_dir", str(out)])
+    assert (out / "val").is_dir()
+    export_main(["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft#32", "--seed", "7", "--to_cached_dataset",
+                 "true", "--output_dir", str(out), "--exist_ok", "true"])
+    assert not (out / "val").exists()
+    info = json.loads((out / "cache_info.json").read_text())
+    assert (info["rows"], info["seed"]) == ({"train": 32, "val": 0}, 7)
+    result = sft_main(without_data(train_argv(tmp_path / "run", "--cached_dataset", str(out), "--data_seed", "7",
+                                              "--max_steps", "1")))
+    assert result["global_step"] == 1 and "eval_loss" not in result["metrics"]
