@@ -91,10 +91,13 @@ def fill_sft(driver, max_steps: int) -> None:
     type_into(driver, "sft-extra", EXTRA)
 
 
-def launch(driver) -> str:
-    before = text_of(driver, "sft-message")  # an earlier launch's message names its run: wait for a new one
+def launch(driver, previous: str | None = None) -> str:
+    """Launch the filled form; the new run's id. An earlier launch's message (naming `previous`) may
+    still be on the page, and read as empty while its tab is being shown: wait for one naming another run."""
+    before = text_of(driver, "sft-message")
     click(driver, "sft-launch")
     message = wait_for(lambda: "sft-" in text_of(driver, "sft-message") and text_of(driver, "sft-message") != before
+                       and (previous is None or previous not in text_of(driver, "sft-message"))
                        and text_of(driver, "sft-message"), what="the launched run")
     return message.split("`")[-2] if "`" in message else message.split()[-1]
 
@@ -150,7 +153,7 @@ def test_console_launches_watches_stops_and_chats(browser, tmp_path):
 
         # a second run, stopped while it trains
         fill_sft(browser, 100000)
-        stopped = launch(browser)
+        stopped = launch(browser, previous=finished)
         open_tab(browser, "Runs")
         select_run(browser, stopped)
         wait_for(lambda: "step " in text_of(browser, "run_status"), timeout=300, what="the second run training")
