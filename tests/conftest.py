@@ -229,7 +229,9 @@ def quickstart(request):
         return None, reuse
 
     def build(out: Path) -> None:  # the script's default seed, whatever SEED this shell has
-        env = {**{k: v for k, v in os.environ.items() if k != "SEED"}, "OUT": str(out / "qs")}
+        env = {**{k: v for k, v in os.environ.items() if k != "SEED"}, "OUT": str(out / "qs"),
+               # the script runs `swift`: this interpreter's, whether or not its environment is activated
+               "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
         proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "quickstart.sh")], cwd=out, env=env,
                               capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -237,6 +239,29 @@ def quickstart(request):
 
     out = built(build_cache(request.config), "quickstart", quickstart_key(), build)
     return (out / "stdout.txt").read_text(), str(out / "qs")
+
+
+@pytest.fixture(scope="session")
+def trained_model(request) -> str:
+    """The quickstart's sft model, for a test that needs a trained model but not the weights of this
+    process's kernel settings: the one the main (xdist) run built, whose workers run one intra-op
+    thread each (a `-n 0` run such as the vLLM tests' has another key), else `quickstart`."""
+    from tests.built import _intact
+
+    if not os.environ.get("SWIFT_TEST_QUICKSTART"):
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            key = quickstart_key()
+        finally:
+            if saved is None:
+                del os.environ["OMP_NUM_THREADS"]
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
+        directory = build_cache(request.config) / f"quickstart-{key}"
+        if _intact(directory):
+            return str(directory / "qs" / "sft")
+    return os.path.join(request.getfixturevalue("quickstart")[1], "sft")
 
 
 # a reward that varies between completions (tests/plugins/text_length_reward.py)

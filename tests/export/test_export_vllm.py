@@ -14,10 +14,9 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
 
-def test_a_gptq_export_answers_in_vllm(quickstart, tmp_path):
-    _, out = quickstart
+def test_a_gptq_export_answers_in_vllm(trained_model, tmp_path):
     gptq = tmp_path / "gptq"
-    proc = subprocess.run([sys.executable, "-m", "swift", "export", "--model", os.path.join(out, "sft"),
+    proc = subprocess.run([sys.executable, "-m", "swift", "export", "--model", trained_model,
                            "--quant_method", "gptq", "--quant_bits", "4", "--quant_n_samples", "64",
                            "--output_dir", str(gptq)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
