@@ -24,12 +24,13 @@ _LAZY = {
     "PtArguments": "swift.arguments",
     "TrainArguments": "swift.arguments",
     "MergeLoraArguments": "swift.pipelines.merge_lora",
-    "ExportArguments": "swift.pipelines.export",
+    "ExportArguments": "swift.arguments.export",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from swift.arguments import PtArguments, SftArguments, TrainArguments  # noqa: F401
-    from swift.pipelines.export import ExportArguments, export_main  # noqa: F401
+    from swift.arguments.export import ExportArguments  # noqa: F401
+    from swift.pipelines.export import export_main  # noqa: F401
     from swift.pipelines.merge_lora import MergeLoraArguments, merge_lora_main  # noqa: F401
     from swift.pipelines.train import pt_main, sft_main  # noqa: F401
 

@@ -16,8 +16,10 @@ import os
 from torch.utils.data import Dataset
 
 from swift.utils.io import read_json, write_json
+from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
+logger = get_logger(__name__)
 INFO = "cache_info.json"
 FORMAT = 1
 
@@ -52,6 +54,38 @@ def write_cache(folder: str, train: list[dict], val: list[dict], encoding: dict,
         ArrowDataset.from_list(val).save_to_disk(os.path.join(folder, "val"))
     write_json(os.path.join(folder, INFO), {"encoding": encoding, "rows": {"train": len(train), "val": len(val)},
                                             **source})
+
+
+def encode_and_save(a, folder: str) -> dict:
+    """`swift export --to_cached_dataset` (`a`: its arguments) into `folder`: --dataset read, split and
+    encoded as `swift sft` does (the same functions, the run's data seed), saved with its encoding."""
+    from transformers import AutoConfig
+
+    from swift.dataset.encode import encode_rows
+    from swift.dataset.loader import read_rows
+    from swift.model.loader import load_tokenizer, resolve_model_dir
+    from swift.template import choose_template, get_template
+
+    model_dir, _ = resolve_model_dir(a.model, use_hf=a.use_hf)
+    tokenizer = load_tokenizer(model_dir)
+    name = choose_template(a.template, None, AutoConfig.from_pretrained(model_dir).model_type, tokenizer)
+    template = get_template(name, tokenizer, system=a.system, max_length=a.max_length,
+                            truncation_strategy=a.truncation_strategy, loss_scale=a.loss_scale)
+    data = a.options.data_args()
+    train_rows, val_rows = read_rows(data, a.seed, a.use_hf)
+    train = encode_rows(train_rows, template, strict=data.strict, desc="encode train", num_proc=a.dataset_num_proc)
+    train_rows.report("train dataset")
+    if not train:
+        raise SwiftError(f"--dataset {' '.join(a.dataset)}: no row could be encoded; see the dropped-row report above")
+    val = []
+    if len(val_rows):
+        val = encode_rows(val_rows, template, strict=data.strict, desc="encode val", num_proc=a.dataset_num_proc)
+        val_rows.report("val dataset")
+    write_cache(folder, train, val, encoding_of(template),
+                {"model": a.model, "dataset": a.dataset, "val_dataset": a.val_dataset,
+                 "split_dataset_ratio": a.split_dataset_ratio, "seed": a.seed})
+    logger.info(f"encoded {len(train)} train and {len(val)} val rows with template {name}")
+    return {"cached_dataset": a.output_dir, "train_rows": len(train), "val_rows": len(val)}
 
 
 class CachedRows(Dataset):

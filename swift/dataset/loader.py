@@ -236,3 +236,20 @@ def split_rows(rowset: RowSet, ratio: float, seed: int) -> tuple[RowSet, RowSet]
     for k, i in enumerate(order):
         (val if k < n_val else train).add(rowset.rows[i], rowset.origins[i])
     return train, val
+
+
+def read_rows(data_args, seed: int, use_hf: bool) -> tuple[RowSet, RowSet]:
+    """The training and validation rows of --dataset / --val_dataset / --split_dataset_ratio, shuffled,
+    split and filled ({{NAME}}, {{AUTHOR}}) as training reads them (`swift export --to_cached_dataset` too)."""
+    d = data_args
+    load = dict(column_map=d.column_map, strict=d.strict, seed=seed, use_hf=use_hf)
+    train_rows = load_rows(d.dataset, shuffle=d.dataset_shuffle, **load)
+    if d.val_dataset:
+        val_rows = load_rows(d.val_dataset, **load)
+    elif d.split_dataset_ratio > 0:
+        train_rows, val_rows = split_rows(train_rows, d.split_dataset_ratio, seed)
+    else:
+        val_rows = RowSet()
+    for rows in (train_rows, val_rows):
+        self_cognition.fill_identity(rows.rows, d.model_name, d.model_author)
+    return train_rows, val_rows

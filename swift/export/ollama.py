@@ -9,6 +9,8 @@ read off them would render something else.
 """
 from __future__ import annotations
 
+import os
+
 from swift.utils.registry import SwiftError
 
 MARK = {"system": "\x00SYS\x00", "user": "\x00USR\x00", "assistant": "\x00AST\x00"}
@@ -106,3 +108,21 @@ def modelfile(tokenizer, gguf_name: str, stop: list[str], keep_bos: bool = False
             raise SwiftError(f"--to_ollama: the stop string {word!r} cannot be written as a Modelfile parameter")
         lines.append(f'PARAMETER stop "{word}"')
     return "\n".join(lines) + "\n"
+
+
+def write_modelfile(hf_dir: str, folder: str, gguf_name: str, metadata: dict[str, str]) -> None:
+    """`folder/Modelfile` for the GGUF `gguf_name` beside it, made from the HF folder's tokenizer and
+    generation config; `metadata`: the GGUF's (llama.cpp adds a BOS itself when it says so)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    stop = [tokenizer.eos_token] if tokenizer.eos_token else []
+    try:
+        eos = GenerationConfig.from_pretrained(hf_dir).eos_token_id
+        ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        stop += [tokenizer.convert_ids_to_tokens(i) for i in ids]
+    except OSError:  # no generation_config.json
+        pass
+    adds_bos = metadata.get("tokenizer.ggml.add_bos_token", "false").lower() == "true"
+    with open(os.path.join(folder, "Modelfile"), "w", encoding="utf-8") as f:
+        f.write(modelfile(tokenizer, gguf_name, stop, keep_bos=not adds_bos))

@@ -16,7 +16,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from swift.arguments import PtArguments, SftArguments
 from swift.dataset.encode import (Collator, LazyDataset, ListDataset, PaddingFreeCollator, StreamingDataset, encode_rows,
                                   pack)
-from swift.dataset.loader import RowSet, load_rows, split_rows
+from swift.dataset.loader import RowSet, load_rows, read_rows
 from swift.dataset.self_cognition import fill_identity
 from swift.model import load_model
 from swift.model.loader import bnb_config, resolve_dtype
@@ -228,23 +228,6 @@ class TrainPipeline:
         if _is_main():
             write_json(os.path.join(out, "result.json"), result)
         return result
-
-
-def read_rows(data_args, seed: int, use_hf: bool) -> tuple[RowSet, RowSet]:
-    """The training and validation rows of --dataset / --val_dataset / --split_dataset_ratio, shuffled,
-    split and filled ({{NAME}}, {{AUTHOR}}) as training reads them (`swift export --to_cached_dataset` too)."""
-    d = data_args
-    load = dict(column_map=d.column_map, strict=d.strict, seed=seed, use_hf=use_hf)
-    train_rows = load_rows(d.dataset, shuffle=d.dataset_shuffle, **load)
-    if d.val_dataset:
-        val_rows = load_rows(d.val_dataset, **load)
-    elif d.split_dataset_ratio > 0:
-        train_rows, val_rows = split_rows(train_rows, d.split_dataset_ratio, seed)
-    else:
-        val_rows = RowSet()
-    for rows in (train_rows, val_rows):
-        fill_identity(rows.rows, d.model_name, d.model_author)
-    return train_rows, val_rows
 
 
 VERSION_DIR = re.compile(r"v(\d+)-\d{8}-\d{6}$")

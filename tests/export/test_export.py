@@ -205,26 +205,25 @@ def test_refusals_leave_nothing_behind(tmp_path, tiny):
     assert not out.exists() and not [p for p in os.listdir(tmp_path) if ".partial-" in p]
 
 
-def test_without_the_extra_one_line_names_it(tmp_path):
-    blocker = tmp_path / "no_llama"
+def without(module: str, tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    """`swift export --model builtin:tiny-chat FLAGS` where importing `module` fails (as if not installed)."""
+    blocker = tmp_path / "blocked"
     blocker.mkdir()
-    (blocker / "llama_cpp.py").write_text("raise ImportError('not installed')\n")
+    (blocker / f"{module}.py").write_text("raise ImportError('not installed')\n")
     env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([*SWIFT, "export", "--model", "builtin:tiny-chat", "--to_gguf", "true",
-                           "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, env=env)
+    return subprocess.run([*SWIFT, "export", "--model", "builtin:tiny-chat", *flags, "--output_dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env)
+
+
+def test_without_the_extra_one_line_names_it(tmp_path):
+    proc = without("llama_cpp", tmp_path, "--to_gguf", "true")
     assert proc.returncode == 1
     assert '[gguf]' in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "out").exists()
 
 
 def test_without_gptqmodel_one_line_names_what_to_install(tmp_path):
-    blocker = tmp_path / "no_gptq"
-    blocker.mkdir()
-    (blocker / "gptqmodel.py").write_text("raise ImportError('not installed')\n")
-    env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([*SWIFT, "export", "--model", "builtin:tiny-chat", "--quant_method", "gptq",
-                           "--quant_bits", "4", "--output_dir", str(tmp_path / "out")], capture_output=True, text=True,
-                          env=env)
+    proc = without("gptqmodel", tmp_path, "--quant_method", "gptq", "--quant_bits", "4")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == ("swift export: error: --quant_method gptq needs gptqmodel: pip install "
                                                     "--no-deps -r requirements/gptq.txt (the file says why not an extra)")
@@ -494,10 +493,14 @@ def test_a_terminated_export_leaves_nothing(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "swift", "export", "--model", "builtin:tiny-chat", "--to_gguf",
                              "true", "--output_dir", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while not [p for p in os.listdir(tmp_path) if ".scratch-" in p]:
+
+    def converting() -> bool:  # the runtime view is made right before llama.cpp's converter starts
+        return any(os.path.isdir(tmp_path / p / "runtime") for p in os.listdir(tmp_path) if ".scratch-" in p)
+
+    while not converting():  # (a signal in the middle of importing torch would abort the process instead)
         assert proc.poll() is None and time.time() < deadline, "the export ended before it could be stopped"
         time.sleep(0.05)
-    time.sleep(1.0)  # inside the work
+    time.sleep(0.5)  # inside the conversion
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 128 + signal.SIGTERM, proc.stderr.read()[-2000:]
     assert os.listdir(tmp_path) == []
