@@ -1,7 +1,7 @@
 """`swift deploy` under load, against vLLM's own OpenAI server and sequential `model.generate`:
 tokens/s and p50/p95 latency at several concurrencies.
 
-    python benchmarks/serve_throughput.py [--requests 64] [--max_tokens 32] [--concurrency 1 8 32] [--warmup 8]
+    python benchmarks/serve_throughput.py [--requests 64] [--max_tokens 32] [--concurrency 1 8 32 64] [--warmup 8]
         [--vllm_python .venv-vllm/bin/python]
 
 Every side serves the built-in tiny model saved as a local Hugging Face directory, with the
@@ -126,7 +126,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--max_tokens", type=int, default=32)
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--warmup", type=int, default=8, help="untimed requests (calls) before the timed ones, per side")
     p.add_argument("--vllm_python", help="python of a vLLM environment (e.g. .venv-vllm/bin/python): adds vLLM rows")
     a = p.parse_args()

@@ -60,7 +60,7 @@ def run_swift(shared: dict, own: dict, warmup: int) -> tuple[float, dict]:
         return pipeline.counter.timed(timer) / timer.seconds, resolved(pipeline.trainer)
 
 
-def run_trl(shared: dict, own: dict, data: str, warmup: int) -> tuple[float, dict]:
+def run_trl(shared: dict, own: dict, data: str, warmup: int, peft_config=None) -> tuple[float, dict]:
     from trl import SFTConfig, SFTTrainer
 
     model, tokenizer, _ = load_model(MODEL, torch_dtype=DTYPE, attn_impl="sdpa")
@@ -68,7 +68,7 @@ def run_trl(shared: dict, own: dict, data: str, warmup: int) -> tuple[float, dic
     timer = StepTimer(warmup)
     with tempfile.TemporaryDirectory() as out:
         trainer = SFTTrainer(model=model, args=SFTConfig(**shared, **own, output_dir=out), train_dataset=dataset,
-                             processing_class=tokenizer, callbacks=[timer])
+                             processing_class=tokenizer, callbacks=[timer], peft_config=peft_config)
         counter = trainer.data_collator = TokenCounter(trainer.data_collator, tokenizer.pad_token_id)
         trainer.train()
         return counter.timed(timer) / timer.seconds, resolved(trainer)

@@ -5,7 +5,8 @@ the KV cache with `torch.cat` on every generated token; for small models on CPU 
 costs more than the matrix products. This module runs the same layers (it calls the model's own
 projection, norm, MLP and rotary modules, so LoRA layers and the trainer's live weights are used as
 they are) around a preallocated cache, an additive padding bias built once per batch, and SDPA
-with grouped heads. The prompt is still prefilled by the model's forward.
+with grouped heads. The prompt is still prefilled by the model's forward; rows prefilled later
+can join the batch (`join`), which is how the engine batches continuously.
 
 `FastDecoder.build` returns None for any model it does not cover, and the engine checks the first
 decoding steps against the model's own forward before trusting it (`FastDecoder.agrees_with`).
@@ -93,28 +94,64 @@ class FastDecoder:
         self.length = length
 
     def select(self, index: torch.Tensor) -> None:
-        """Keep only the rows in `index` (finished rows leave the batch)."""
-        self.keys = [k.index_select(0, index) for k in self.keys]
-        self.values = [v.index_select(0, index) for v in self.values]
+        """Keep only the rows in `index` (finished rows leave the batch). Columns that are padding for
+        every row left (those of rows that have gone) are dropped, so a batch that keeps taking in
+        requests does not grow without bound."""
+        lead = 0
         if self.bias is not None:
             self.bias = self.bias.index_select(0, index)
+            dead = torch.isneginf(self.bias[:, 0, 0, :self.length]).all(0)
+            lead = int(dead.int().cumprod(0).sum())
+        self.keys = [k[:, :, lead:].index_select(0, index) for k in self.keys]
+        self.values = [v[:, :, lead:].index_select(0, index) for v in self.values]
+        if lead:
+            self.bias = self.bias[..., lead:].contiguous()
+            self.length -= lead
 
-    def _grow(self) -> None:
-        def wider(t: torch.Tensor, dim: int) -> torch.Tensor:
+    def join(self, cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Add rows prefilled by the model's forward (their cache and 2D padding mask, rows already
+        expanded per sample) to the rows being decoded. Both are right-aligned on the last filled
+        column; the columns a row does not fill are masked for it. Positions stay per row, so a
+        row's outputs do not depend on where its columns sit."""
+        rows, width = mask.shape
+        if width > self.length:  # the newcomers' prompts are longer: move the running rows right
+            self._widen(width - self.length, front=True)
+        t, capacity = self.length, self.keys[0].size(2)
+        if self.bias is None:
+            self.bias = self.keys[0].new_zeros(self.keys[0].size(0), 1, 1, capacity)
+        bias = self.bias.new_zeros(rows, 1, 1, capacity)
+        bias[..., :t - width] = float("-inf")
+        bias[:, 0, 0, t - width:t].masked_fill_(mask == 0, float("-inf"))
+        self.bias = torch.cat([self.bias, bias])
+        for i, layer in enumerate(cache.layers):
+            for mine, theirs in ((self.keys, layer.keys), (self.values, layer.values)):
+                block = theirs.new_zeros(rows, theirs.size(1), capacity, theirs.size(3))
+                block[:, :, t - width:t] = theirs
+                mine[i] = torch.cat([mine[i], block])
+
+    def _widen(self, columns: int, front: bool = False) -> None:
+        """Add empty cache columns at the end, or (`front`) masked ones before the filled columns."""
+        def wider(t: torch.Tensor, dim: int, fill: float = 0.0) -> torch.Tensor:
             shape = list(t.shape)
-            shape[dim] = _GROW
-            return torch.cat([t, t.new_zeros(shape)], dim=dim)
+            shape[dim] = columns
+            extra = t.new_full(shape, fill)
+            return torch.cat([extra, t] if front else [t, extra], dim=dim)
 
         self.keys = [wider(k, 2) for k in self.keys]
         self.values = [wider(v, 2) for v in self.values]
         if self.bias is not None:
-            self.bias = wider(self.bias, 3)
+            self.bias = wider(self.bias, 3, float("-inf") if front else 0.0)
+        elif front:
+            self.bias = wider(self.keys[0].new_zeros(self.keys[0].size(0), 1, 1, self.keys[0].size(2) - columns),
+                              3, float("-inf"))
+        if front:
+            self.length += columns
 
     # -- one token ---------------------------------------------------------------------------------
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] for the next token after `tokens` [B] at `positions` [B]."""
         if self.length == self.keys[0].size(2):
-            self._grow()
+            self._widen(_GROW)
         t = self.length
         rows = tokens.size(0)
         x = self.embed(tokens[:, None])

@@ -2,9 +2,9 @@
 
 A worker thread owns the model. Requests queue up; whenever the worker is free it takes every
 waiting request with a compatible config (up to `max_batch_size` sequences) and decodes them
-together, so a request that arrives while a batch runs joins the next one. Each prompt is
-prefilled once and its KV cache is repeated for its `n` samples. Finished or cancelled rows are
-dropped from the batch at once. Llama-family models decode with the lean step of
+together; once the lean decoding step is in use, requests that arrive meanwhile join the running
+batch between steps (continuous batching). Each prompt is prefilled once and its KV cache is
+repeated for its `n` samples. Finished or cancelled rows are dropped from the batch at once. Llama-family models decode with the lean step of
 `swift.infer.fast_decode` once its first steps have matched the model's own forward.
 """
 from __future__ import annotations
@@ -384,34 +384,65 @@ class TransformersEngine(InferEngine):
                 self._fail(row.job, e)
         return next_tokens
 
+    def _open_rows(self, jobs: list[_Job]):
+        """Prefill `jobs` and give each its rows: (cache, next-token logits, padding mask and last
+        prompt position per row, the rows). Each prompt is prefilled once; its cache is repeated
+        for its n samples."""
+        device = next(self.model.parameters()).device
+        cache, logits, mask, positions = self._prefill(jobs)
+        owner = torch.tensor([i for i, j in enumerate(jobs) for _ in range(j.config.n)], device=device)
+        cache.batch_select_indices(owner)
+        for j in jobs:
+            j.rows = [_Row(j, k, _generator(j.config.seed, k, device)) for k in range(j.config.n)]
+        return cache, logits[owner], mask[owner], positions[owner, -1], [r for j in jobs for r in j.rows]
+
+    def _take_joiners(self, key: tuple, free: int) -> list[_Job]:
+        """Queued requests that join the running batch now: from the front of the queue, in order,
+        while they share the batch's sampling settings and adapter and their rows fit. The first
+        one that cannot join stops the taking, so the batch drains and that request starts the
+        next one (nothing waits behind a stream of newer compatible requests)."""
+        taken = []
+        with self._wake:
+            while self._pending:
+                job = self._pending[0]
+                if not job.cancelled and (job.alone or (job.config.batch_key(), job.adapter) != key
+                                          or job.config.n > free):
+                    break
+                self._pending.popleft()
+                if not job.cancelled:
+                    taken.append(job)
+                    free -= job.config.n
+        return taken
+
     def _generate(self, jobs: list[_Job]) -> None:
+        """Decode `jobs` together. Once the lean decoding step is in use (see fast_decode), queued
+        requests with the same sampling settings join between decoding steps (continuous batching):
+        they are prefilled and their rows added while the others go on. `jobs` is kept up to date
+        (finished requests leave it, joiners enter it) for the caller's error handling."""
         device = next(self.model.parameters()).device
         cfg = jobs[0].config
-        cache, logits, mask, positions = self._prefill(jobs)
         if cfg.max_tokens == 0:  # the prompt scored, nothing generated
+            self._prefill(jobs)
             for j in jobs:
                 j.rows = [_Row(j, k, None, finish="length") for k in range(j.config.n)]
                 self._maybe_deliver(j)
             return
-        # one prefill per prompt, repeated for its n samples
-        owner = torch.tensor([i for i, j in enumerate(jobs) for _ in range(j.config.n)], device=device)
-        cache.batch_select_indices(owner)
-        logits, mask, last_pos = logits[owner], mask[owner], positions[owner, -1]
-        for j in jobs:
-            j.rows = [_Row(j, k, _generator(j.config.seed, k, device)) for k in range(j.config.n)]
-        rows = [r for j in jobs for r in j.rows]
+        key = (cfg.batch_key(), jobs[0].adapter)
+        cache, logits, mask, last_pos, rows = self._open_rows(jobs)
         stop_len = max((len(s) for j in jobs for s in j.config.stop), default=0)
         unpadded = bool(mask.all())
         fast, checks = self._fast, []  # until verified, both paths run and the model's own logits are used
         if fast is not None:
             fast.start(cache, mask, max(j.config.max_tokens for j in jobs))
             if self._fast_verified:
-                cache = None  # the fast path holds the keys and values from here on
+                cache = mask = None  # the fast path holds the keys, values and padding from here on
         while True:
             next_tokens = self._sample_step(rows, logits, cfg, stop_len)
             keep = [i for i, r in enumerate(rows) if r.finish is None and not r.job.cancelled]
             for job in jobs:
                 self._maybe_deliver(job)
+            jobs[:] = [j for j in jobs if not j.delivered and not j.cancelled]
+            self._running = len(jobs)
             if not keep:
                 break
             if self._closed:
@@ -420,15 +451,29 @@ class TransformersEngine(InferEngine):
                 index = torch.tensor(keep, device=device)
                 if cache is not None:
                     cache.batch_select_indices(index)
+                    mask = mask[index]
                 if fast is not None:
                     fast.select(index)
-                mask, last_pos, next_tokens = mask[index], last_pos[index], next_tokens[index]
+                last_pos, next_tokens = last_pos[index], next_tokens[index]
                 rows = [rows[i] for i in keep]
             last_pos = last_pos + 1
             if fast is not None:
                 fast_logits = fast.step(next_tokens, last_pos).float()
                 if self._fast_verified:
-                    logits, cache = fast_logits, None
+                    logits, cache, mask = fast_logits, None, None
+                    joiners = self._take_joiners(key, self.max_batch_size - len(rows)) if self._pending else []
+                    if joiners:
+                        try:
+                            new_cache, new_logits, new_mask, new_pos, new_rows = self._open_rows(joiners)
+                        except Exception as e:  # the newcomers' fault: the running rows go on
+                            self._isolate(joiners, e)
+                            continue
+                        jobs.extend(joiners)
+                        fast.join(new_cache, new_mask)
+                        logits = torch.cat([logits, new_logits])
+                        last_pos = torch.cat([last_pos, new_pos])
+                        rows += new_rows
+                        stop_len = max([stop_len] + [len(s) for j in joiners for s in j.config.stop])
                     continue
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
             # without left padding the causal cache needs no mask, which spares building one per token

@@ -1,0 +1,174 @@
+"""swift against TRL at a real model's shape: a randomly initialised model with Qwen2.5-0.5B's
+configuration, timed for SFT (full and LoRA), DPO and GRPO steps, with each side's peak memory.
+
+    python benchmarks/real_shape.py [--cases sft lora dpo grpo] [--steps 3] [--warmup 1] [--max_length 512]
+
+The tiny model's figures (the other scripts) measure framework overhead; here matrix products
+dominate. The model is built locally (no download): Qwen2.5-0.5B's `config.json` values (24
+layers, hidden 896, 14 heads / 2 KV heads, MLP 4864, 151,936-entry vocabulary with tied
+embeddings, rope θ 1e6), weights drawn from its initialiser with a fixed seed, saved once with the
+built-in tokenizer (its 2,048 ids are a subset of the vocabulary: the embedding and LM head keep the
+real size, which is most of the LM-head cost). bf16 where the CPU has native bf16 (AMX or
+AVX512-BF16) or on a GPU, fp32 otherwise. Each (case, side) runs in a fresh process, so its peak
+RSS (`ru_maxrss`) is its own; both sides use the settings of the tiny-model scripts
+(`sft_throughput`, `dpo_throughput`, `grpo_throughput`: gradient checkpointing off, the same
+optimizer and schedule, sdpa attention), with this script's batch sizes and lengths, and time the
+steps after `--warmup` with the same callback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from benchmarks import dpo_throughput, grpo_throughput, sft_throughput  # noqa: E402
+from benchmarks._common import CPU, environment, print_config  # noqa: E402
+
+QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True, vocab_size=151936, hidden_act="silu", use_sliding_window=False,
+                  attention_dropout=0.0, initializer_range=0.02)
+LORA = dict(lora_rank=8, lora_alpha=32, lora_dropout=0.05, target_modules=["all-linear"])
+GRPO_PROMPTS, GRPO_GENERATIONS, GRPO_TOKENS = 2, 4, 128
+UNITS = {"sft": "tokens/s", "lora": "tokens/s", "dpo": "steps/s", "grpo": "steps/s"}
+
+
+def native_bf16() -> bool:
+    if not CPU:
+        return torch.cuda.is_bf16_supported()
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def build(model_dir: str, dtype: str) -> int:
+    """The Qwen2.5-0.5B-shaped model, saved with the built-in tokenizer; returns its parameter count."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from swift.model import load_model
+
+    _, tokenizer, _ = load_model("builtin:tiny-chat")
+    config = Qwen2Config(**QWEN25_05B, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, torch_dtype=dtype)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=getattr(torch, dtype))
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return sum(p.numel() for p in model.parameters())
+
+
+def args_for(case: str, a) -> SimpleNamespace:
+    batch = {"sft": a.batch, "lora": a.batch, "dpo": a.dpo_batch, "grpo": None}[case]
+    data = {"sft": sft_throughput.DEFAULT_DATA, "lora": sft_throughput.DEFAULT_DATA,
+            "dpo": dpo_throughput.DEFAULT_DATA, "grpo": None}[case]
+    return SimpleNamespace(steps=a.steps, warmup=a.warmup, batch=batch, max_length=a.max_length, data=data,
+                           trl_packing="wrapped")
+
+
+def child(case: str, side: str, model_dir: str, dtype: str, a) -> dict:
+    """One (case, side) in this process: its rate, what the trainer resolved, and peak RSS."""
+    import benchmarks._common as common
+
+    common.DTYPE = dtype
+    for module in (sft_throughput, dpo_throughput, grpo_throughput):
+        module.DTYPE = dtype
+    sft_throughput.MODEL = dpo_throughput.MODEL = model_dir
+    ns = args_for(case, a)
+    if case in ("sft", "lora"):
+        shared, ours, theirs = sft_throughput.settings(ns, packing=False)
+        shared["bf16"] = dtype == "bfloat16"
+        if case == "lora":
+            ours = {**ours, "tuner_type": "lora", **LORA}
+        if side == "swift":
+            rate, info = sft_throughput.run_swift(shared, ours, a.warmup)
+        else:
+            from peft import LoraConfig
+
+            peft = LoraConfig(r=LORA["lora_rank"], lora_alpha=LORA["lora_alpha"], lora_dropout=LORA["lora_dropout"],
+                              target_modules="all-linear", task_type="CAUSAL_LM") if case == "lora" else None
+            rate, info = sft_throughput.run_trl(shared, theirs, ns.data, a.warmup, peft_config=peft)
+    elif case == "dpo":
+        shared, ours, theirs = dpo_throughput.settings(ns)
+        shared["bf16"] = dtype == "bfloat16"
+        run = dpo_throughput.run_swift if side == "swift" else dpo_throughput.run_trl
+        rate, info = run(shared, ours, a.warmup) if side == "swift" else run(shared, theirs, ns.data, a.warmup)
+    else:
+        grpo_throughput.PROMPTS, grpo_throughput.GENERATIONS = GRPO_PROMPTS, GRPO_GENERATIONS
+        grpo_throughput.SAMPLING.update(num_generations=GRPO_GENERATIONS, max_completion_length=GRPO_TOKENS)
+        shared, ours, theirs = grpo_throughput.settings(ns)
+        shared["bf16"] = dtype == "bfloat16"
+        if side == "swift":
+            seconds, _, info = grpo_throughput.run_swift(model_dir, shared, ours, a.warmup, False)
+        else:
+            seconds, _, info = grpo_throughput.run_trl(model_dir, shared, theirs, a.warmup,
+                                                       GRPO_PROMPTS * (a.warmup + a.steps))
+        rate = 1 / seconds
+    return {"rate": rate, "resolved": {k: str(v) for k, v in info.items()},
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", nargs="+", choices=list(UNITS), default=list(UNITS))
+    p.add_argument("--steps", type=int, default=3, help="timed steps")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps before them, on both sides")
+    p.add_argument("--batch", type=int, default=2, help="SFT sequences per step")
+    p.add_argument("--dpo_batch", type=int, default=1, help="DPO pairs per step")
+    p.add_argument("--max_length", type=int, default=512)
+    p.add_argument("--child", nargs=4, metavar=("CASE", "SIDE", "MODEL_DIR", "DTYPE"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        case, side, model_dir, dtype = a.child
+        print("RESULT " + json.dumps(child(case, side, model_dir, dtype, a)), flush=True)
+        return
+    dtype = "bfloat16" if native_bf16() else "float32"
+    results = {}
+    with tempfile.TemporaryDirectory() as model_dir:
+        params = build(model_dir, dtype)
+        for case in a.cases:
+            for side in ("TRL", "swift"):
+                argv = [sys.executable, __file__, "--child", case, side, model_dir, dtype, "--steps", str(a.steps),
+                        "--warmup", str(a.warmup), "--batch", str(a.batch), "--dpo_batch", str(a.dpo_batch),
+                        "--max_length", str(a.max_length)]
+                proc = subprocess.run(argv, capture_output=True, text=True)
+                lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+                if proc.returncode or not lines:
+                    raise SystemExit(f"{case}/{side} failed:\n{proc.stderr[-3000:]}")
+                results[case, side] = json.loads(lines[-1][len("RESULT "):])
+                print(f"{case} {side}: {results[case, side]['rate']:.4g} {UNITS[case]}, "
+                      f"peak RSS {results[case, side]['peak_rss_gib']:.2f} GiB", flush=True)
+    print(f"\nmodel: Qwen2.5-0.5B's configuration, random weights ({params / 1e6:.0f}M parameters), {dtype}; "
+          f"{a.warmup} warm-up + {a.steps} timed steps; max_length {a.max_length}")
+    print("\n| case | unit | TRL | swift | speed ratio | TRL peak RSS GiB | swift peak RSS GiB | memory ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    names = {"sft": "SFT full", "lora": "SFT LoRA", "dpo": "DPO full", "grpo": "GRPO full"}
+    for case in a.cases:
+        theirs, ours = results[case, "TRL"], results[case, "swift"]
+        print(f"| {names[case]} | {UNITS[case]} | {theirs['rate']:.4g} | {ours['rate']:.4g} | "
+              f"{ours['rate'] / theirs['rate']:.2f} | {theirs['peak_rss_gib']:.2f} | {ours['peak_rss_gib']:.2f} | "
+              f"{ours['peak_rss_gib'] / theirs['peak_rss_gib']:.2f} |")
+    print_config({}, {
+        "SFT": f"batch {a.batch} sequences of the alpaca demo conversations cut at {a.max_length} tokens, no "
+               "packing, loss on answers; settings as benchmarks/sft_throughput.py",
+        "LoRA": f"{LORA} on both sides (TRL: peft `LoraConfig` with the same values, task CAUSAL_LM)",
+        "DPO": f"batch {a.dpo_batch} pair(s), sigmoid loss, β 0.1, a frozen copy as reference, pairs cut at "
+               f"{a.max_length} tokens keeping the end; settings as benchmarks/dpo_throughput.py",
+        "GRPO": f"{GRPO_PROMPTS} prompts x {GRPO_GENERATIONS} generations, {GRPO_TOKENS} completion tokens, "
+                "β 0.04; settings as benchmarks/grpo_throughput.py (swift: built-in engine; TRL: model.generate)"},
+        ["each (case, side) ran in a fresh process; peak RSS is that process's `ru_maxrss`",
+         f"machine: {environment()}",
+         *(f"resolved {case}/{side}: {json.dumps(results[case, side]['resolved'])}" for case in a.cases
+           for side in ("TRL", "swift"))])
+
+
+if __name__ == "__main__":
+    main()
