@@ -66,10 +66,32 @@ def build(model_dir: str, dtype: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def args_for(case: str, a) -> SimpleNamespace:
+def write_data(data_dir: str, rows: int) -> None:
+    """Conversations whose answers run past any `--max_length` here, so every sequence of every
+    step on both sides is exactly max_length tokens (peak memory then does not depend on which rows
+    a side's sampler put together): short prompts from the alpaca demo, each answer the demo's
+    answers strung together; pairs (DPO) the same with two different strings of answers."""
+    with open(sft_throughput.DEFAULT_DATA) as f:
+        alpaca = json.load(f)
+    answers = [r["output"] for r in alpaca]
+
+    def long_answer(start: int) -> str:
+        return " ".join(answers[(start + k) % len(answers)] for k in range(12))
+
+    sft, dpo = [], []
+    for i in range(rows):
+        messages = [{"role": "user", "content": alpaca[i % len(alpaca)]["instruction"]},
+                    {"role": "assistant", "content": long_answer(i)}]
+        sft.append({"messages": messages})
+        dpo.append({"messages": messages, "rejected_response": long_answer(i + 500)})
+    for name, data in (("sft.jsonl", sft), ("dpo.jsonl", dpo)):
+        with open(os.path.join(data_dir, name), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in data)
+
+
+def args_for(case: str, a, data_dir: str) -> SimpleNamespace:
     batch = {"sft": a.batch, "lora": a.batch, "dpo": a.dpo_batch, "grpo": None}[case]
-    data = {"sft": sft_throughput.DEFAULT_DATA, "lora": sft_throughput.DEFAULT_DATA,
-            "dpo": dpo_throughput.DEFAULT_DATA, "grpo": None}[case]
+    data = os.path.join(data_dir, "dpo.jsonl" if case == "dpo" else "sft.jsonl")
     return SimpleNamespace(steps=a.steps, warmup=a.warmup, batch=batch, max_length=a.max_length, data=data,
                            trl_packing="wrapped")
 
@@ -82,7 +104,7 @@ def child(case: str, side: str, model_dir: str, dtype: str, a) -> dict:
     for module in (sft_throughput, dpo_throughput, grpo_throughput):
         module.DTYPE = dtype
     sft_throughput.MODEL = dpo_throughput.MODEL = model_dir
-    ns = args_for(case, a)
+    ns = args_for(case, a, model_dir)
     if case in ("sft", "lora"):
         shared, ours, theirs = sft_throughput.settings(ns, packing=False)
         shared["bf16"] = dtype == "bfloat16"
@@ -112,8 +134,10 @@ def child(case: str, side: str, model_dir: str, dtype: str, a) -> dict:
             seconds, _, info = grpo_throughput.run_trl(model_dir, shared, theirs, a.warmup,
                                                        GRPO_PROMPTS * (a.warmup + a.steps))
         rate = 1 / seconds
-    return {"rate": rate, "resolved": {k: str(v) for k, v in info.items()},
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # host memory, GiB
+    if not CPU:  # on a GPU the memory that matters is the device's
+        peak = torch.cuda.max_memory_allocated() / 2 ** 30
+    return {"rate": rate, "resolved": {k: str(v) for k, v in info.items()}, "peak_gib": peak}
 
 
 def main() -> None:
@@ -134,6 +158,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as model_dir:
         params = build(model_dir, dtype)
+        write_data(model_dir, 64)
         for case in a.cases:
             for side in ("TRL", "swift"):
                 argv = [sys.executable, __file__, "--child", case, side, model_dir, dtype, "--steps", str(a.steps),
@@ -145,26 +170,31 @@ def main() -> None:
                     raise SystemExit(f"{case}/{side} failed:\n{proc.stderr[-3000:]}")
                 results[case, side] = json.loads(lines[-1][len("RESULT "):])
                 print(f"{case} {side}: {results[case, side]['rate']:.4g} {UNITS[case]}, "
-                      f"peak RSS {results[case, side]['peak_rss_gib']:.2f} GiB", flush=True)
+                      f"peak {results[case, side]['peak_gib']:.2f} GiB", flush=True)
     print(f"\nmodel: Qwen2.5-0.5B's configuration, random weights ({params / 1e6:.0f}M parameters), {dtype}; "
           f"{a.warmup} warm-up + {a.steps} timed steps; max_length {a.max_length}")
-    print("\n| case | unit | TRL | swift | speed ratio | TRL peak RSS GiB | swift peak RSS GiB | memory ratio |")
+    memory = "peak RSS GiB" if CPU else "peak GPU GiB"
+    print(f"\n| case | unit | TRL | swift | speed ratio | TRL {memory} | swift {memory} | memory ratio |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     names = {"sft": "SFT full", "lora": "SFT LoRA", "dpo": "DPO full", "grpo": "GRPO full"}
     for case in a.cases:
         theirs, ours = results[case, "TRL"], results[case, "swift"]
         print(f"| {names[case]} | {UNITS[case]} | {theirs['rate']:.4g} | {ours['rate']:.4g} | "
-              f"{ours['rate'] / theirs['rate']:.2f} | {theirs['peak_rss_gib']:.2f} | {ours['peak_rss_gib']:.2f} | "
-              f"{ours['peak_rss_gib'] / theirs['peak_rss_gib']:.2f} |")
+              f"{ours['rate'] / theirs['rate']:.2f} | {theirs['peak_gib']:.2f} | {ours['peak_gib']:.2f} | "
+              f"{ours['peak_gib'] / theirs['peak_gib']:.2f} |")
     print_config({}, {
-        "SFT": f"batch {a.batch} sequences of the alpaca demo conversations cut at {a.max_length} tokens, no "
-               "packing, loss on answers; settings as benchmarks/sft_throughput.py",
+        "SFT": f"batch {a.batch} sequences of exactly {a.max_length} tokens (alpaca demo prompts, answers longer "
+               "than that, cut), no packing, loss on answers; settings as benchmarks/sft_throughput.py",
         "LoRA": f"{LORA} on both sides (TRL: peft `LoraConfig` with the same values, task CAUSAL_LM)",
-        "DPO": f"batch {a.dpo_batch} pair(s), sigmoid loss, β 0.1, a frozen copy as reference, pairs cut at "
-               f"{a.max_length} tokens keeping the end; settings as benchmarks/dpo_throughput.py",
+        "DPO": f"batch {a.dpo_batch} pair(s) of sequences of exactly {a.max_length} tokens (cut keeping the end), "
+               "sigmoid loss, β 0.1, a frozen copy as reference; settings as benchmarks/dpo_throughput.py",
         "GRPO": f"{GRPO_PROMPTS} prompts x {GRPO_GENERATIONS} generations, {GRPO_TOKENS} completion tokens, "
                 "β 0.04; settings as benchmarks/grpo_throughput.py (swift: built-in engine; TRL: model.generate)"},
-        ["each (case, side) ran in a fresh process; peak RSS is that process's `ru_maxrss`",
+        ["each (case, side) ran in a fresh process; peak memory is that process's `ru_maxrss` on a CPU, "
+         "`torch.cuda.max_memory_allocated` on a GPU",
+         "the random model samples almost only ids past the built-in tokenizer's 2,048, which decode to nothing: "
+         "GRPO completions run to the length limit on both sides and their rewards (the digit fraction) are 0; "
+         "the timing is what is compared",
          f"machine: {environment()}",
          *(f"resolved {case}/{side}: {json.dumps(results[case, side]['resolved'])}" for case in a.cases
            for side in ("TRL", "swift"))])

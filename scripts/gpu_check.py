@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,11 +61,13 @@ PATHS = {
                          "finite loss"),
 }
 NEEDS = {"zero2": "deepspeed", "zero3": "deepspeed", "qlora": "bitsandbytes", "liger": "liger_kernel",
-         "trl_grpo": "trl", "trl_dpo": "trl", "red_team": "nanogcg"}
+         "trl_grpo": "trl", "trl_dpo": "trl", "real_shape": "trl", "red_team": "nanogcg"}
 SCRIPTS = {  # name -> (README row, what a pass checks)
     "chunked_logps": ("chunked log-probs at Qwen2.5-0.5B's shape against full logits", "equal within 2e-2"),
     "trl_grpo": ("GRPO step against TRL (benchmarks/memory.py)", "both ran"),
     "trl_dpo": ("DPO step against TRL (benchmarks/memory.py)", "both ran"),
+    "real_shape": ("SFT full/LoRA, DPO and GRPO steps at Qwen2.5-0.5B's shape against TRL (benchmarks/real_shape.py)",
+                   "all eight runs finished (the speed and memory ratios are printed)"),
     "red_team": ("`bash examples/red_team.sh` (sft, infer, `swift attack` BEAST and GCG, `swift estimate` exact, "
                  "ITGIS, brute force)", "48/48 held out; ITGIS and brute force within 10% of exact"),
 }
@@ -164,6 +167,20 @@ def run_script(name: str, out: str, limit: int) -> tuple[bool, str]:
                                           f"{r['full_mib']:.0f} MiB full logits, {r['chunked_mib']:.0f} MiB chunked")
     if name == "red_team":
         return run_red_team(out, limit)
+    if name == "real_shape":  # eight fresh processes, each loading the model: twice the usual limit
+        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "real_shape.py")], cwd=out,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=2 * limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its child process too, which would hold the GPU
+            proc.communicate()
+            return False, f"still running after {2 * limit} s"
+        with open(os.path.join(out, "real_shape.txt"), "w") as f:
+            f.write(stdout + stderr)
+        rows = [x for x in stdout.splitlines() if x.startswith(("| SFT", "| DPO", "| GRPO"))]
+        return proc.returncode == 0 and len(rows) == 4, " ; ".join(" ".join(r.split()) for r in rows) or (
+            stderr.strip().splitlines() or ["no output"])[-1][:200]
     task = name.split("_")[1]
     length = "256" if task == "grpo" else "1024"  # GRPO's completions run to the limit: decoding dominates
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "memory.py"), "--only", task,

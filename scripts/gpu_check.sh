@@ -3,7 +3,8 @@
 # path not started by then is skipped and the rows still print; each path `--limit` 150 s): bf16 sft (full,
 # LoRA), DPO, GRPO and PPO with the built-in engine, DeepSpeed ZeRO-2/3 and FSDP2 on one rank, QLoRA
 # 4-bit, --use_liger_kernel, chunked log-probs at Qwen2.5-0.5B's shape against full logits, and the
-# GRPO and DPO steps against TRL, RePULSe (`--rlhf_type harmless`, the proposal a copy and a LoRA adapter)
+# GRPO and DPO steps against TRL, SFT/LoRA/DPO/GRPO at Qwen2.5-0.5B's shape against TRL
+# (benchmarks/real_shape.py), RePULSe (`--rlhf_type harmless`, the proposal a copy and a LoRA adapter)
 # and examples/red_team.sh (attacks and estimates). One line per path (PASS/FAIL/SKIP, seconds, peak GPU memory), then
 # rows for README's "Verified on" table. Without a CUDA GPU it says so in one line and exits 2.
 #

@@ -34,20 +34,40 @@ def _rms_norm(module):
     return norm
 
 
+def _linear(module):
+    """A plain `nn.Linear` as `F.linear` on its live weight and bias (without the module call's
+    overhead, which dominates for small models on CPU); anything else (a LoRA layer, a module with
+    hooks, which F.linear would skip) as itself."""
+    if type(module) is not torch.nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+        return module
+    return lambda x: F.linear(x, module.weight, module.bias)
+
+
+def _mlp(mlp):
+    """A gated SiLU MLP (gate, up and down projections) as those calls; any other MLP (or one with
+    hooks) as itself."""
+    parts = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if (None in parts or type(getattr(mlp, "act_fn", None)).__name__ not in ("SiLU", "SiLUActivation")
+            or mlp._forward_hooks or mlp._forward_pre_hooks):
+        return mlp
+    gate, up, down = map(_linear, parts)
+    return lambda x: down(F.silu(gate(x)) * up(x))
+
+
 class FastDecoder:
     def __init__(self, model):
         inner = model.model  # `build` checked that it is a Llama-style decoder stack
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self.norm = _rms_norm(inner.norm)
-        self.lm_head = model.get_output_embeddings()
+        self.lm_head = _linear(model.get_output_embeddings())
         self.layers = []
         for layer in inner.layers:
             a = layer.self_attn
             q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-            self.layers.append((_rms_norm(layer.input_layernorm), a.q_proj, a.k_proj, a.v_proj,
-                                q_norm and _rms_norm(q_norm), k_norm and _rms_norm(k_norm), a.o_proj,
-                                _rms_norm(layer.post_attention_layernorm), layer.mlp))
+            self.layers.append((_rms_norm(layer.input_layernorm), _linear(a.q_proj), _linear(a.k_proj),
+                                _linear(a.v_proj), q_norm and _rms_norm(q_norm), k_norm and _rms_norm(k_norm),
+                                _linear(a.o_proj), _rms_norm(layer.post_attention_layernorm), _mlp(layer.mlp)))
         first = inner.layers[0].self_attn
         self.head_dim, self.scaling = first.head_dim, first.scaling
         self.keys: list[torch.Tensor] = []
@@ -112,46 +132,51 @@ class FastDecoder:
         """Add rows prefilled by the model's forward (their cache and 2D padding mask, rows already
         expanded per sample) to the rows being decoded. Both are right-aligned on the last filled
         column; the columns a row does not fill are masked for it. Positions stay per row, so a
-        row's outputs do not depend on where its columns sit."""
+        row's outputs do not depend on where its columns sit. All or nothing: the new state is
+        built aside and only then taken, so a failure leaves the running rows as they were."""
         rows, width = mask.shape
-        if width > self.length:  # the newcomers' prompts are longer: move the running rows right
-            self._widen(width - self.length, front=True)
-        t, capacity = self.length, self.keys[0].size(2)
-        if self.bias is None:
-            self.bias = self.keys[0].new_zeros(self.keys[0].size(0), 1, 1, capacity)
-        bias = self.bias.new_zeros(rows, 1, 1, capacity)
-        bias[..., :t - width] = float("-inf")
-        bias[:, 0, 0, t - width:t].masked_fill_(mask == 0, float("-inf"))
-        self.bias = torch.cat([self.bias, bias])
-        for i, layer in enumerate(cache.layers):
-            for mine, theirs in ((self.keys, layer.keys), (self.values, layer.values)):
-                block = theirs.new_zeros(rows, theirs.size(1), capacity, theirs.size(3))
-                block[:, :, t - width:t] = theirs
-                mine[i] = torch.cat([mine[i], block])
+        keys, values, bias, length = self.keys, self.values, self.bias, self.length
+        if width > length:  # the newcomers' prompts are longer: move the running rows right
+            keys, values, bias, length = self._widened(width - length, front=True)
+        capacity = keys[0].size(2)
+        if bias is None:
+            bias = keys[0].new_zeros(keys[0].size(0), 1, 1, capacity)
+        theirs = bias.new_zeros(rows, 1, 1, capacity)
+        theirs[..., :length - width] = float("-inf")
+        theirs[:, 0, 0, length - width:length].masked_fill_(mask == 0, float("-inf"))
 
-    def _widen(self, columns: int, front: bool = False) -> None:
-        """Add empty cache columns at the end, or (`front`) masked ones before the filled columns."""
+        def placed(t: torch.Tensor) -> torch.Tensor:
+            block = t.new_zeros(rows, t.size(1), capacity, t.size(3))
+            block[:, :, length - width:length] = t
+            return block
+
+        keys = [torch.cat([k, placed(layer.keys)]) for k, layer in zip(keys, cache.layers)]
+        values = [torch.cat([v, placed(layer.values)]) for v, layer in zip(values, cache.layers)]
+        self.keys, self.values, self.bias, self.length = keys, values, torch.cat([bias, theirs]), length
+
+    def _widened(self, columns: int, front: bool = False):
+        """(keys, values, bias, length) with empty cache columns added at the end, or (`front`)
+        masked ones before the filled columns."""
         def wider(t: torch.Tensor, dim: int, fill: float = 0.0) -> torch.Tensor:
             shape = list(t.shape)
             shape[dim] = columns
             extra = t.new_full(shape, fill)
             return torch.cat([extra, t] if front else [t, extra], dim=dim)
 
-        self.keys = [wider(k, 2) for k in self.keys]
-        self.values = [wider(v, 2) for v in self.values]
-        if self.bias is not None:
-            self.bias = wider(self.bias, 3, float("-inf") if front else 0.0)
-        elif front:
-            self.bias = wider(self.keys[0].new_zeros(self.keys[0].size(0), 1, 1, self.keys[0].size(2) - columns),
-                              3, float("-inf"))
-        if front:
-            self.length += columns
+        keys = [wider(k, 2) for k in self.keys]
+        values = [wider(v, 2) for v in self.values]
+        bias = self.bias
+        if bias is None and front:
+            bias = keys[0].new_zeros(keys[0].size(0), 1, 1, self.keys[0].size(2))
+        if bias is not None:
+            bias = wider(bias, 3, float("-inf") if front else 0.0)
+        return keys, values, bias, self.length + (columns if front else 0)
 
     # -- one token ---------------------------------------------------------------------------------
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] for the next token after `tokens` [B] at `positions` [B]."""
         if self.length == self.keys[0].size(2):
-            self._widen(_GROW)
+            self.keys, self.values, self.bias, self.length = self._widened(_GROW)
         t = self.length
         rows = tokens.size(0)
         x = self.embed(tokens[:, None])

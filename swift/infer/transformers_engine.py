@@ -4,8 +4,9 @@ A worker thread owns the model. Requests queue up; whenever the worker is free i
 waiting request with a compatible config (up to `max_batch_size` sequences) and decodes them
 together; once the lean decoding step is in use, requests that arrive meanwhile join the running
 batch between steps (continuous batching). Each prompt is prefilled once and its KV cache is
-repeated for its `n` samples. Finished or cancelled rows are dropped from the batch at once. Llama-family models decode with the lean step of
-`swift.infer.fast_decode` once its first steps have matched the model's own forward.
+repeated for its `n` samples. Finished or cancelled rows are dropped from the batch at once.
+Llama-family models decode with the lean step of `swift.infer.fast_decode` once its first steps
+have matched the model's own forward.
 """
 from __future__ import annotations
 
@@ -312,6 +313,23 @@ class TransformersEngine(InferEngine):
             if job not in retry:
                 self._fail(job, error)
 
+    def _requeue_alone(self, jobs: list[_Job], error: Exception) -> None:
+        """Requests that failed to join a running batch go back to the front of the queue, each to
+        run in a batch of its own (where a fault of its own fails it alone)."""
+        logger.warning(f"{len(jobs)} requests failed to join the running batch ({type(error).__name__}: {error}); "
+                       "running them alone")
+        with self._wake:
+            if self._closed:
+                retry = []
+            else:
+                retry = [j for j in jobs if not j.delivered and not j.cancelled]
+                for job in reversed(retry):
+                    job.rows, job.alone = [], True
+                    self._pending.appendleft(job)
+        for job in jobs:
+            if job not in retry and not job.cancelled:
+                self._fail(job, error)
+
     @staticmethod
     def _fail(job: _Job, error: BaseException) -> None:
         if not job.delivered:
@@ -428,6 +446,7 @@ class TransformersEngine(InferEngine):
                 self._maybe_deliver(j)
             return
         key = (cfg.batch_key(), jobs[0].adapter)
+        joinable = not any(j.alone for j in jobs)  # a request rerun alone stays alone
         cache, logits, mask, last_pos, rows = self._open_rows(jobs)
         stop_len = max((len(s) for j in jobs for s in j.config.stop), default=0)
         unpadded = bool(mask.all())
@@ -461,15 +480,17 @@ class TransformersEngine(InferEngine):
                 fast_logits = fast.step(next_tokens, last_pos).float()
                 if self._fast_verified:
                     logits, cache, mask = fast_logits, None, None
-                    joiners = self._take_joiners(key, self.max_batch_size - len(rows)) if self._pending else []
+                    joiners = self._take_joiners(key, self.max_batch_size - len(rows)) \
+                        if joinable and self._pending else []
                     if joiners:
                         try:
                             new_cache, new_logits, new_mask, new_pos, new_rows = self._open_rows(joiners)
-                        except Exception as e:  # the newcomers' fault: the running rows go on
-                            self._isolate(joiners, e)
+                            fast.join(new_cache, new_mask)  # all or nothing
+                        except Exception as e:  # the running rows go on; the newcomers run alone later
+                            self._requeue_alone(joiners, e)
                             continue
                         jobs.extend(joiners)
-                        fast.join(new_cache, new_mask)
+                        self._running = len(jobs)
                         logits = torch.cat([logits, new_logits])
                         last_pos = torch.cat([last_pos, new_pos])
                         rows += new_rows

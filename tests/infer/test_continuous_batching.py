@@ -130,20 +130,35 @@ def test_a_request_with_other_settings_is_not_starved_by_newer_ones_that_could_j
             await stream(engine, request, cfg, progress)
             finished.append(name)
 
-        a = asyncio.ensure_future(go("A", chat("1+2="), config(engine, 60), progress))
+        a = asyncio.ensure_future(go("A", chat("1+2="), config(engine, 300), progress))
         await until(progress, 3)
         x = asyncio.ensure_future(go("X", chat("3+4="), config(engine, 5, temperature=1.0, seed=1)))
         await asyncio.sleep(0.05)
         y = asyncio.ensure_future(go("Y", chat("5+6="), config(engine, 5)))
+        await asyncio.sleep(0)
+        a_running = not a.done()  # Y was queued while A's batch could still take it
         await asyncio.gather(a, x, y)
+        return a_running
 
-    asyncio.run(run())
+    assert asyncio.run(run())
     assert finished == ["A", "X", "Y"]
     assert idle(engine)
 
 
 def test_a_joiner_whose_prefill_fails_fails_alone_and_the_batch_goes_on():
+    """Two requests join a running batch and their prefill fails: the running request goes on
+    undisturbed, and each joiner reruns alone, where only the faulty one fails."""
     engine, failures = poisoned_engine()
+    progress: list[int] = []
+    at_failure = []  # the running request's token count when the joiners' prefill failed
+    fragile = engine.model.forward
+
+    def watched(*args, input_ids=None, **kwargs):
+        if input_ids is not None and bool((input_ids == POISON).any()):
+            at_failure.append(progress[-1] if progress else 0)
+        return fragile(*args, input_ids=input_ids, **kwargs)
+
+    engine.model.forward = watched
     try:
         engine.infer([InferRequest(input_ids=[5, 6, 7])], RequestConfig(max_tokens=4))  # verifies the lean step
         cfg = config(engine, 40, temperature=1.0, seed=3)
@@ -152,7 +167,6 @@ def test_a_joiner_whose_prefill_fails_fails_alone_and_the_batch_goes_on():
             InferRequest(input_ids=[5, POISON, 7])
 
         async def run():
-            progress = []
             a = asyncio.ensure_future(stream(engine, runner, cfg, progress))
             await until(progress, 3)
             with engine._wake:  # both queued at once: they are prefilled together
@@ -163,6 +177,7 @@ def test_a_joiner_whose_prefill_fails_fails_alone_and_the_batch_goes_on():
         (tokens, _), (fine, error) = asyncio.run(run())
         assert isinstance(error, RuntimeError) and "poisoned" in str(error)
         assert failures == [2, 1]  # the two joiners' prefill, then the poisoned one alone
+        assert at_failure[0] < 40  # they were joining the running request, not waiting for it to end
         assert tokens == engine.infer([runner], cfg)[0].choices[0].token_ids
         assert fine.choices[0].token_ids == engine.infer([good], cfg)[0].choices[0].token_ids
         assert idle(engine)

@@ -100,3 +100,54 @@ def test_uncovered_models_and_a_wrong_fast_path_fall_back(tiny, monkeypatch):
     assert fast._fast is None
     fast.close()
     slow.close()
+
+
+def test_rows_that_join_and_leave_mid_decode_match_the_model_forward(tiny):
+    """FastDecoder on its own: A decodes alone; B joins with a prompt longer than A's columns (no
+    padding bias yet: the running row moves right behind masked columns); C joins with a shorter
+    one (right-aligned behind masked columns); A and B leave, and the columns only they used are
+    dropped. At every step each row's logits equal the model's forward over that row's whole
+    sequence."""
+    from transformers import DynamicCache
+
+    model, _, _ = tiny
+    fast = FastDecoder.build(model)
+    rows: list[list[int]] = []
+
+    def prefill(prompt: list[int]):
+        cache = DynamicCache()
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
+        rows.append(list(prompt))
+        return cache, torch.ones_like(ids), logits
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            tokens = torch.tensor([(7 * len(r) + 3 * i) % 1000 + 10 for i, r in enumerate(rows)])
+            positions = torch.tensor([len(r) for r in rows])
+            with torch.inference_mode():
+                ours = fast.step(tokens, positions)
+            for row, token in zip(rows, tokens.tolist()):
+                row.append(token)
+            with torch.inference_mode():
+                for i, row in enumerate(rows):
+                    theirs = model(input_ids=torch.tensor([row])).logits[0, -1]
+                    assert (ours[i] - theirs).abs().max().item() < 1e-4 * (1 + theirs.abs().max().item())
+
+    cache, mask, _ = prefill(list(range(20, 25)))
+    fast.start(cache, mask, 64)
+    steps(3)
+    assert fast.bias is None and fast.length == 8
+    cache, mask, _ = prefill(list(range(30, 42)))  # 12 > 8 columns
+    fast.join(cache, mask)
+    assert fast.length == 12 and torch.isneginf(fast.bias[0, 0, 0, :4]).all()
+    steps(4)
+    cache, mask, _ = prefill([50, 51, 52])  # 3 < 16 columns
+    fast.join(cache, mask)
+    assert fast.length == 16 and torch.isneginf(fast.bias[2, 0, 0, :13]).all()
+    steps(2)
+    fast.select(torch.tensor([2]))
+    del rows[:2]
+    assert fast.length == 18 - 13  # the 13 columns before C's prompt were only A's and B's
+    steps(3)
