@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import dpo_throughput, grpo_throughput, sft_throughput  # noqa: E402
-from benchmarks._common import CPU, environment, print_config  # noqa: E402
+from benchmarks._common import CPU, environment, fmt, print_config  # noqa: E402
 
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
@@ -118,6 +118,9 @@ def child(case: str, side: str, model_dir: str, dtype: str, a) -> dict:
             peft = LoraConfig(r=LORA["lora_rank"], lora_alpha=LORA["lora_alpha"], lora_dropout=LORA["lora_dropout"],
                               target_modules="all-linear", task_type="CAUSAL_LM") if case == "lora" else None
             rate, info = sft_throughput.run_trl(shared, theirs, ns.data, a.warmup, peft_config=peft)
+        if case == "lora":
+            theirs = {**theirs, "peft_config": f"LoraConfig(r={LORA['lora_rank']}, lora_alpha={LORA['lora_alpha']}, "
+                                               f"lora_dropout={LORA['lora_dropout']}, target_modules='all-linear')"}
     elif case == "dpo":
         shared, ours, theirs = dpo_throughput.settings(ns)
         shared["bf16"] = dtype == "bfloat16"
@@ -137,7 +140,9 @@ def child(case: str, side: str, model_dir: str, dtype: str, a) -> dict:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # host memory, GiB
     if not CPU:  # on a GPU the memory that matters is the device's
         peak = torch.cuda.max_memory_allocated() / 2 ** 30
-    return {"rate": rate, "resolved": {k: str(v) for k, v in info.items()}, "peak_gib": peak}
+    settings = {"both sides": shared, "swift": ours, "TRL": theirs}
+    return {"rate": rate, "resolved": {k: str(v) for k, v in info.items()}, "peak_gib": peak,
+            "settings": {name: {k: str(v) for k, v in values.items()} for name, values in settings.items()}}
 
 
 def main() -> None:
@@ -196,6 +201,8 @@ def main() -> None:
          "GRPO completions run to the length limit on both sides and their rewards (the digit fraction) are 0; "
          "the timing is what is compared",
          f"machine: {environment()}",
+         *(f"{case}, {name}: {fmt(values)}" for case in a.cases
+           for name, values in results[case, "swift"]["settings"].items()),
          *(f"resolved {case}/{side}: {json.dumps(results[case, side]['resolved'])}" for case in a.cases
            for side in ("TRL", "swift"))])
 

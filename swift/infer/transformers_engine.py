@@ -316,12 +316,12 @@ class TransformersEngine(InferEngine):
     def _requeue_alone(self, jobs: list[_Job], error: Exception) -> None:
         """Requests that failed to join a running batch go back to the front of the queue, each to
         run in a batch of its own (where a fault of its own fails it alone)."""
-        logger.warning(f"{len(jobs)} requests failed to join the running batch ({type(error).__name__}: {error}); "
-                       "running them alone")
         with self._wake:
             if self._closed:
-                retry = []
+                retry, error = [], SwiftError("the inference engine was closed")
             else:
+                logger.warning(f"{len(jobs)} requests failed to join the running batch "
+                               f"({type(error).__name__}: {error}); running them alone")
                 retry = [j for j in jobs if not j.delivered and not j.cancelled]
                 for job in reversed(retry):
                     job.rows, job.alone = [], True
