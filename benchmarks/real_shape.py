@@ -2,6 +2,7 @@
 configuration, timed for SFT (full and LoRA), DPO and GRPO steps, with each side's peak memory.
 
     python benchmarks/real_shape.py [--cases sft lora dpo grpo] [--steps 3] [--warmup 1] [--max_length 512]
+    python benchmarks/real_shape.py --breakdown [--cases sft lora]  # where the memory and the time go
 
 The tiny model's figures (the other scripts) measure framework overhead; here matrix products
 dominate. The model is built locally (no download): Qwen2.5-0.5B's `config.json` values (24
@@ -14,6 +15,11 @@ RSS (`ru_maxrss`) is its own; both sides use the settings of the tiny-model scri
 (`sft_throughput`, `dpo_throughput`, `grpo_throughput`: gradient checkpointing off, the same
 optimizer and schedule, sdpa attention), with this script's batch sizes and lengths, and time the
 steps after `--warmup` with the same callback.
+
+`--breakdown` looks inside the first timed step of each side instead (its rates are then not a
+comparison: the profiler slows that step): the bytes of the weights, gradients and optimizer
+states the step holds, the bytes autograd saved for the backward pass during its forward (unique
+storages, parameters excluded: the activations), and the operators that took the most CPU time.
 """
 from __future__ import annotations
 
@@ -96,9 +102,56 @@ def args_for(case: str, a, data_dir: str) -> SimpleNamespace:
                            trl_packing="wrapped")
 
 
+def _storages(tensors) -> dict[int, int]:
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t is not None}
+
+
+def instrument(step: int, into: dict) -> None:
+    """Make `Trainer.training_step` call number `step` (from 0) record what `--breakdown` prints:
+    both sides' trainers run their forward and backward passes inside it."""
+    from transformers import Trainer
+
+    original, calls = Trainer.training_step, [0]
+
+    def training_step(self, model, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] - 1 != step:
+            return original(self, model, *args, **kwargs)
+        models = [m for m in (model, getattr(self, "ref_model", None)) if isinstance(m, torch.nn.Module)]
+        params = {}
+        for m in models:
+            params.update(_storages(m.parameters()))
+        saved = {}
+
+        def pack(t):
+            key = t.untyped_storage().data_ptr()
+            if key not in params:
+                saved[key] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = original(self, model, *args, **kwargs)
+        grads = _storages(p.grad for m in models for p in m.parameters())
+        states = _storages(v for state in self.optimizer.state.values() for v in state.values()
+                           if isinstance(v, torch.Tensor))
+        gib = 2 ** 30
+        into.update(weights_gib=sum(params.values()) / gib, grads_gib=sum(grads.values()) / gib,
+                    optimizer_gib=sum(states.values()) / gib, saved_gib=sum(saved.values()) / gib,
+                    top_ops=[(e.key, e.self_cpu_time_total / 1e6) for e in
+                             sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:10]])
+        return loss
+
+    Trainer.training_step = training_step
+
+
 def child(case: str, side: str, model_dir: str, dtype: str, a) -> dict:
     """One (case, side) in this process: its rate, what the trainer resolved, and peak RSS."""
     import benchmarks._common as common
+
+    breakdown = {}
+    if a.breakdown:
+        instrument(a.warmup, breakdown)
 
     common.DTYPE = dtype
     for module in (sft_throughput, dpo_throughput, grpo_throughput):
@@ -141,7 +194,7 @@ def child(case: str, side: str, model_dir: str, dtype: str, a) -> dict:
     if not CPU:  # on a GPU the memory that matters is the device's
         peak = torch.cuda.max_memory_allocated() / 2 ** 30
     settings = {"both sides": shared, "swift": ours, "TRL": theirs}
-    return {"rate": rate, "resolved": {k: str(v) for k, v in info.items()}, "peak_gib": peak,
+    return {"rate": rate, "resolved": {k: str(v) for k, v in info.items()}, "peak_gib": peak, "breakdown": breakdown,
             "settings": {name: {k: str(v) for k, v in values.items()} for name, values in settings.items()}}
 
 
@@ -153,6 +206,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2, help="SFT sequences per step")
     p.add_argument("--dpo_batch", type=int, default=1, help="DPO pairs per step")
     p.add_argument("--max_length", type=int, default=512)
+    p.add_argument("--breakdown", action="store_true",
+                   help="profile the first timed step of each side: memory by kind and the slowest operators")
     p.add_argument("--child", nargs=4, metavar=("CASE", "SIDE", "MODEL_DIR", "DTYPE"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -168,7 +223,7 @@ def main() -> None:
             for side in ("TRL", "swift"):
                 argv = [sys.executable, __file__, "--child", case, side, model_dir, dtype, "--steps", str(a.steps),
                         "--warmup", str(a.warmup), "--batch", str(a.batch), "--dpo_batch", str(a.dpo_batch),
-                        "--max_length", str(a.max_length)]
+                        "--max_length", str(a.max_length), *(["--breakdown"] if a.breakdown else [])]
                 proc = subprocess.run(argv, capture_output=True, text=True)
                 lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
                 if proc.returncode or not lines:
@@ -176,6 +231,9 @@ def main() -> None:
                 results[case, side] = json.loads(lines[-1][len("RESULT "):])
                 print(f"{case} {side}: {results[case, side]['rate']:.4g} {UNITS[case]}, "
                       f"peak {results[case, side]['peak_gib']:.2f} GiB", flush=True)
+    if a.breakdown:
+        print_breakdown(a, results)
+        return
     print(f"\nmodel: Qwen2.5-0.5B's configuration, random weights ({params / 1e6:.0f}M parameters), {dtype}; "
           f"{a.warmup} warm-up + {a.steps} timed steps; max_length {a.max_length}")
     memory = "peak RSS GiB" if CPU else "peak GPU GiB"
@@ -205,6 +263,21 @@ def main() -> None:
            for name, values in results[case, "swift"]["settings"].items()),
          *(f"resolved {case}/{side}: {json.dumps(results[case, side]['resolved'])}" for case in a.cases
            for side in ("TRL", "swift"))])
+
+
+def print_breakdown(a, results: dict) -> None:
+    print(f"\nInside the first timed step ({a.warmup} warm-up), GiB; the profiler slowed it, so no rates."
+          "\n\n| case | side | peak RSS | weights | gradients | optimizer states | saved for backward | rest |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for (case, side), r in results.items():
+        b = r["breakdown"]
+        parts = [b[k] for k in ("weights_gib", "grads_gib", "optimizer_gib", "saved_gib")]
+        print(f"| {case} | {side} | {r['peak_gib']:.2f} | " + " | ".join(f"{x:.2f}" for x in parts)
+              + f" | {r['peak_gib'] - sum(parts):.2f} |")
+    for (case, side), r in results.items():
+        print(f"\n{case} {side}, operators by self CPU seconds in that step:")
+        for name, seconds in r["breakdown"]["top_ops"]:
+            print(f"  {seconds:8.2f}  {name}")
 
 
 if __name__ == "__main__":

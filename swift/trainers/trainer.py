@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer
 
-from swift.rlhf.logps import labelled_positions
+from swift.rlhf.logps import head_logps, hidden_states_out, labelled_positions, plain_head
 from swift.template.base import IGNORE_INDEX, Template
 from swift.trainers.generate_eval import exact_match_accuracy
 
@@ -16,16 +16,22 @@ def causal_lm_loss(model, inputs: dict, num_items_in_batch: torch.Tensor | int |
 
     Prompt tokens carry no loss, so their logits are never needed; `logits_to_keep` (a tensor of
     sequence positions) makes the model skip the output head there, which is most of the work for
-    small models with large vocabularies.
+    small models with large vocabularies. Models with a plain output layer (`plain_head`) never hold
+    even those logits whole: the head and the cross-entropy run over chunks of positions, each
+    recomputed in the backward pass (`swift.rlhf.logps.head_logps`), as the preference losses do.
     """
     labels = inputs["labels"]
-    targets = labels[:, 1:]
     keep = labelled_positions(labels)  # positions t predicting labels[t+1]
+    selected = labels[:, 1:][:, keep]
     model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
-    logits = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits
-    selected = targets[:, keep]
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), selected.reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
+    if plain_head(model) is not None:
+        with hidden_states_out(model) as head:
+            hidden = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits
+        loss = -head_logps(hidden, head, selected)[0].sum()
+    else:
+        logits = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), selected.reshape(-1),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
     n = num_items_in_batch if num_items_in_batch is not None else (selected != IGNORE_INDEX).sum().clamp(min=1)
     return loss / n
 

@@ -1,6 +1,7 @@
 """Log-probs over the vocabulary in chunks of positions (hidden states in, never the whole logits)
 equal the plain path on the logits: values, entropies and gradients, within 1e-5, through the
-functions the trainers call (`forward_logps` for preference losses, `token_logps` for GRPO)."""
+functions the trainers call (`forward_logps` for preference losses, `token_logps` for GRPO,
+`causal_lm_loss` for sft/pt)."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -9,6 +10,7 @@ import swift.rlhf.logps as logps
 from swift.rlhf.reduce import batch_counts, divide
 from swift.trainers.completion_logps import token_logps
 from swift.trainers.rlhf import forward_logps
+from swift.trainers.trainer import causal_lm_loss
 
 
 def both_ways(monkeypatch, fn):
@@ -58,6 +60,34 @@ def test_preference_log_probs(monkeypatch, model, whole_sequence):
         torch.testing.assert_close(chunked.all_sums, plain.all_sums, rtol=1e-5, atol=1e-5)
     for name in g1:
         torch.testing.assert_close(g2[name], g1[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_sft_loss(monkeypatch, model):
+    """sft's loss (what `SwiftTrainer.compute_loss` returns) in chunks of 3 positions equals the
+    plain path and the model's own loss, with padding, a prompt, a row without any label, and a
+    token count given from outside the micro-batch (gradient accumulation)."""
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(3, 2000, (3, 11), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :4] = -100  # the prompt
+    labels[2] = -100  # a row that carries no loss
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    def run(count):
+        loss = causal_lm_loss(model, batch, count)
+        loss.backward()
+        return loss.detach(), grads(model)
+
+    for count in (None, torch.tensor(40)):
+        (l1, g1), (l2, g2) = both_ways(monkeypatch, lambda: run(count))
+        torch.testing.assert_close(l2, l1, rtol=1e-5, atol=1e-6)
+        for name in g1:
+            torch.testing.assert_close(g2[name], g1[name], rtol=1e-5, atol=1e-6, msg=name)
+    with torch.no_grad():
+        reference = model(**batch).loss * (labels[:, 1:] != -100).sum() / 40
+    torch.testing.assert_close(l2, reference, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("group_size", [1, 2])
