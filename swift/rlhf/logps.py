@@ -104,6 +104,60 @@ def head_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tenso
     return per_token.view(shape), entropy.view(shape) if with_entropy else None
 
 
+class _SummedCrossEntropy(torch.autograd.Function):
+    """sum over positions of -log softmax(hidden @ weight.T + bias)[target] (0 where IGNORE_INDEX),
+    over chunks of `rows` positions. A sum's gradient is known up to the scalar the backward pass
+    brings, so each chunk's gradients are taken in the forward pass, while its logits exist: the
+    same matrix products as the whole-logits path, without recomputing the chunk's logits."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, rows: int):
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, targets.numel(), rows):
+            h, t = hidden[start:start + rows].to(weight.dtype), targets[start:start + rows]
+            mask = (t != IGNORE_INDEX)[:, None]
+            logits = F.linear(h, weight, bias).float()
+            total += F.cross_entropy(logits, t, ignore_index=IGNORE_INDEX, reduction="sum")
+            if grad_hidden is None and grad_weight is None and grad_bias is None:
+                continue
+            grad = logits.softmax(-1)  # d(loss)/d(logits) = softmax - one_hot, 0 on ignored rows
+            grad.scatter_add_(-1, t.clamp(min=0)[:, None], grad.new_full((t.numel(), 1), -1.0)).mul_(mask)
+            grad = grad.to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[start:start + rows] = (grad @ weight).to(hidden.dtype)
+            if grad_weight is not None:  # accumulated over chunks in fp32
+                grad_weight.addmm_(grad.t().float(), h.float())
+            if grad_bias is not None:
+                grad_bias += grad.float().sum(0)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = weight.dtype, None if bias is None else bias.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        weight_dtype, bias_dtype = ctx.dtypes
+        return (None if grad_hidden is None else grad_hidden * grad_total.to(grad_hidden.dtype),
+                None if grad_weight is None else (grad_weight * grad_total).to(weight_dtype),
+                None if grad_bias is None else (grad_bias * grad_total).to(bias_dtype), None, None)
+
+
+def head_cross_entropy(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy of `targets` (IGNORE_INDEX skipped) under softmax(head(hidden)),
+    never holding more than `CHUNK_ELEMENTS` logits: `swift sft`/`pt`'s loss."""
+    flat, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+    rows = max(1, CHUNK_ELEMENTS // head.out_features)
+    if torch.is_grad_enabled():
+        return _SummedCrossEntropy.apply(flat, head.weight, head.bias, targets, rows)
+    return sum(F.cross_entropy(F.linear(flat[i:i + rows].to(head.weight.dtype), head.weight, head.bias).float(),
+                               targets[i:i + rows], ignore_index=IGNORE_INDEX, reduction="sum")
+               for i in range(0, targets.numel(), rows))
+
+
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`target_logps` for full-sequence logits and unshifted labels (logits[t] predicts labels[t+1])."""
     return target_logps(logits[:, :-1], labels[:, 1:])

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer
 
-from swift.rlhf.logps import head_logps, hidden_states_out, labelled_positions, plain_head
+from swift.rlhf.logps import head_cross_entropy, hidden_states_out, labelled_positions, plain_head
 from swift.template.base import IGNORE_INDEX, Template
 from swift.trainers.generate_eval import exact_match_accuracy
 
@@ -17,8 +17,8 @@ def causal_lm_loss(model, inputs: dict, num_items_in_batch: torch.Tensor | int |
     Prompt tokens carry no loss, so their logits are never needed; `logits_to_keep` (a tensor of
     sequence positions) makes the model skip the output head there, which is most of the work for
     small models with large vocabularies. Models with a plain output layer (`plain_head`) never hold
-    even those logits whole: the head and the cross-entropy run over chunks of positions, each
-    recomputed in the backward pass (`swift.rlhf.logps.head_logps`), as the preference losses do.
+    even those logits whole: the head and the cross-entropy run over chunks of positions, whose
+    gradients are taken in the forward pass (`swift.rlhf.logps.head_cross_entropy`).
     """
     labels = inputs["labels"]
     keep = labelled_positions(labels)  # positions t predicting labels[t+1]
@@ -27,7 +27,7 @@ def causal_lm_loss(model, inputs: dict, num_items_in_batch: torch.Tensor | int |
     if plain_head(model) is not None:
         with hidden_states_out(model) as head:
             hidden = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits
-        loss = -head_logps(hidden, head, selected)[0].sum()
+        loss = head_cross_entropy(hidden, head, selected)
     else:
         logits = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), selected.reshape(-1),

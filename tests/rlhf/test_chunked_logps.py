@@ -31,7 +31,7 @@ def model(tiny):
 
 
 def grads(model):
-    out = {n: p.grad.clone() for n, p in model.named_parameters()}
+    out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     return out
 
@@ -80,14 +80,23 @@ def test_sft_loss(monkeypatch, model):
         loss.backward()
         return loss.detach(), grads(model)
 
-    for count in (None, torch.tensor(40)):
-        (l1, g1), (l2, g2) = both_ways(monkeypatch, lambda: run(count))
-        torch.testing.assert_close(l2, l1, rtol=1e-5, atol=1e-6)
-        for name in g1:
-            torch.testing.assert_close(g2[name], g1[name], rtol=1e-5, atol=1e-6, msg=name)
+    # full tuning of a tied output layer; one that does not train (LoRA); an untied one with a bias
+    for case in ("tied", "frozen", "untied with bias"):
+        model.lm_head.weight.requires_grad_(case != "frozen")
+        if case == "untied with bias":
+            model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+            model.lm_head.bias = torch.nn.Parameter(0.1 * torch.randn(model.lm_head.out_features, generator=g))
+        for count in (None, torch.tensor(40)):
+            (l1, g1), (l2, g2) = both_ways(monkeypatch, lambda: run(count))
+            torch.testing.assert_close(l2, l1, rtol=1e-5, atol=1e-6)
+            assert g1.keys() == g2.keys() and ("lm_head.bias" in g1) == (case == "untied with bias")
+            for name in g1:
+                torch.testing.assert_close(g2[name], g1[name], rtol=1e-5, atol=1e-6, msg=name)
     with torch.no_grad():
         reference = model(**batch).loss * (labels[:, 1:] != -100).sum() / 40
+        _, unchanged = both_ways(monkeypatch, lambda: causal_lm_loss(model, batch, torch.tensor(40)))  # evaluation
     torch.testing.assert_close(l2, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(unchanged, reference, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("group_size", [1, 2])
