@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100
@@ -108,47 +109,64 @@ class _SummedCrossEntropy(torch.autograd.Function):
     """sum over positions of -log softmax(hidden @ weight.T + bias)[target] (0 where IGNORE_INDEX),
     over chunks of `rows` positions. A sum's gradient is known up to the scalar the backward pass
     brings, so each chunk's gradients are taken in the forward pass, while its logits exist: the
-    same matrix products as the whole-logits path, without recomputing the chunk's logits."""
+    same matrix products as the whole-logits path, without recomputing the chunk's logits. The
+    cost is the output layer's weight gradient (fp32, the weight's shape), held from the forward
+    pass to the backward one when that layer trains."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, rows: int):
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None  # summed in fp32
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
+        autocast = torch.is_autocast_enabled(hidden.device.type)
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, targets.numel(), rows):
             h, t = hidden[start:start + rows].to(weight.dtype), targets[start:start + rows]
-            mask = (t != IGNORE_INDEX)[:, None]
+            labelled = t != IGNORE_INDEX
+            t = t.clamp(min=0)[:, None]
             logits = F.linear(h, weight, bias).float()
-            total += F.cross_entropy(logits, t, ignore_index=IGNORE_INDEX, reduction="sum")
-            if grad_hidden is None and grad_weight is None and grad_bias is None:
+            lse = logits.logsumexp(-1)
+            total += ((lse - logits.gather(-1, t).squeeze(-1)) * labelled).sum()
+            if not (need_hidden or need_weight or need_bias):
                 continue
-            grad = logits.softmax(-1)  # d(loss)/d(logits) = softmax - one_hot, 0 on ignored rows
-            grad.scatter_add_(-1, t.clamp(min=0)[:, None], grad.new_full((t.numel(), 1), -1.0)).mul_(mask)
+            # d(loss)/d(logits) = softmax - one_hot, 0 on unlabelled rows, made in the logits' memory
+            grad = logits.sub_(lse[:, None]).exp_()
+            grad.scatter_add_(-1, t, grad.new_full(t.shape, -1.0)).mul_(labelled[:, None])
             grad = grad.to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[start:start + rows] = (grad @ weight).to(hidden.dtype)
-            if grad_weight is not None:  # accumulated over chunks in fp32
-                grad_weight.addmm_(grad.t().float(), h.float())
-            if grad_bias is not None:
-                grad_bias += grad.float().sum(0)
+            if need_hidden:
+                grad_hidden[start:start + rows] = grad @ weight
+            if need_weight:  # the product in the dtype autograd would use (autocast's under autocast)
+                if grad_weight.dtype == h.dtype and not autocast:
+                    grad_weight.addmm_(grad.t(), h)
+                else:
+                    grad_weight += grad.t() @ h
+            if need_bias:
+                grad_bias += grad.sum(0, dtype=torch.float32)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        ctx.dtypes = weight.dtype, None if bias is None else bias.dtype
+        ctx.dtypes = hidden.dtype, weight.dtype, None if bias is None else bias.dtype
         return total
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_total):
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        weight_dtype, bias_dtype = ctx.dtypes
-        return (None if grad_hidden is None else grad_hidden * grad_total.to(grad_hidden.dtype),
-                None if grad_weight is None else (grad_weight * grad_total).to(weight_dtype),
-                None if grad_bias is None else (grad_bias * grad_total).to(bias_dtype), None, None)
+        # scaled in place where already fp32 (no second copy of the weight's gradient); a second
+        # backward through the same graph then fails autograd's check for modified saved tensors
+        # rather than scaling twice
+        def scaled(grad, dtype):
+            if grad is None:
+                return None
+            if grad.dtype == torch.float32:
+                return grad.mul_(grad_total).to(dtype)
+            return (grad.float() * grad_total).to(dtype)
+
+        grads = ctx.saved_tensors
+        return (*(scaled(g, dtype) for g, dtype in zip(grads, ctx.dtypes)), None, None)
 
 
 def head_cross_entropy(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy of `targets` (IGNORE_INDEX skipped) under softmax(head(hidden)),
-    never holding more than `CHUNK_ELEMENTS` logits: `swift sft`/`pt`'s loss."""
+    over chunks of at most `CHUNK_ELEMENTS` logits: `swift sft`/`pt`'s loss."""
     flat, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
     rows = max(1, CHUNK_ELEMENTS // head.out_features)
     if torch.is_grad_enabled():

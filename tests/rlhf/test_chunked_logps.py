@@ -99,6 +99,43 @@ def test_sft_loss(monkeypatch, model):
     torch.testing.assert_close(unchanged, reference, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["bf16 weights", "bf16 autocast"])
+def test_sft_loss_in_half_precision(monkeypatch, model, mode):
+    """The same in bf16 (weights, or fp32 weights under autocast), where both paths round: the
+    chunked one's loss and gradients are as far from fp32's as the plain path's are, and the
+    chunked path is the one that ran."""
+    import swift.trainers.trainer as trainer_module
+
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 2000, (3, 11), generator=g)
+    labels = ids.clone()
+    labels[:, :4] = -100
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    calls = []
+    chunked_loss = trainer_module.head_cross_entropy
+    monkeypatch.setattr(trainer_module, "head_cross_entropy", lambda *a: calls.append(1) or chunked_loss(*a))
+
+    def run(half=True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half and mode == "bf16 autocast"):
+            loss = causal_lm_loss(model, batch, None)
+        loss.backward()
+        out = {n: p.grad.float().clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        return loss.detach().float(), out
+
+    with monkeypatch.context() as m:
+        m.setattr(logps, "PLAIN_HEAD_MODEL_TYPES", set())
+        l0, g0 = run(half=False)  # fp32, plain
+    if mode == "bf16 weights":
+        model.to(torch.bfloat16)
+    (l1, g1), (l2, g2) = both_ways(monkeypatch, run)
+    assert len(calls) == 1  # the chunked path ran once (and the plain one did not call it)
+    assert abs(l2 - l0) <= 2 * abs(l1 - l0) + 1e-3
+    for name in g0:
+        plain_error, chunked_error = (g1[name] - g0[name]).norm(), (g2[name] - g0[name]).norm()
+        assert chunked_error <= 1.5 * plain_error + 1e-3 * g0[name].norm(), name
+
+
 @pytest.mark.parametrize("group_size", [1, 2])
 def test_grpo_token_log_probs_and_entropies(monkeypatch, model, group_size):
     g = torch.Generator().manual_seed(2)
