@@ -43,7 +43,11 @@ def plain_head(model) -> torch.nn.Linear | None:
     """The output layer when the model's logits are exactly `lm_head(hidden)`, else None. Also None
     for a model wrapped for distributed training whose output layer trains and is not tied to the
     input embeddings: DDP would see that weight unused by the forward and then used after it; and
-    under ZeRO-3 or FSDP."""
+    under ZeRO-3 or FSDP (1 or 2)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(model, FullyShardedDataParallel):  # FSDP1: the weight is a shard outside its forward
+        return None
     inner = causal_lm(model)
     head = getattr(inner, "lm_head", None)
     if getattr(inner.config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES or type(head) is not torch.nn.Linear:

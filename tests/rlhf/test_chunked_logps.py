@@ -208,6 +208,8 @@ def test_where_the_output_layer_is_chunked(model):
     split = copy.deepcopy(model)
     split.lm_head.weight.ds_id = 7
     assert logps.plain_head(split) is None
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    assert logps.plain_head(FullyShardedDataParallel.__new__(FullyShardedDataParallel)) is None  # FSDP1's wrapper
     tied = model.lm_head.weight is model.get_input_embeddings().weight
     untied = copy.deepcopy(model)
     if tied:
