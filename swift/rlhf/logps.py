@@ -171,6 +171,12 @@ class _SummedCrossEntropy(torch.autograd.Function):
 def head_cross_entropy(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy of `targets` (IGNORE_INDEX skipped) under softmax(head(hidden)),
     over chunks of at most `CHUNK_ELEMENTS` logits: `swift sft`/`pt`'s loss."""
+    device = hidden.device.type
+    if torch.is_grad_enabled() and torch.float16 in (
+            head.weight.dtype, torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device)):
+        # fp16 needs the loss scale inside the logits' gradient before it is rounded to fp16, which
+        # the forward pass does not know yet: each chunk is recomputed in the backward pass instead
+        return -head_logps(hidden, head, targets)[0].sum()
     flat, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
     rows = max(1, CHUNK_ELEMENTS // head.out_features)
     if torch.is_grad_enabled():

@@ -75,6 +75,10 @@ def test_sft_loss(monkeypatch, model):
     labels[2] = -100  # a row that carries no loss
     batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
+    calls = []
+    fused = logps._SummedCrossEntropy.apply
+    monkeypatch.setattr(logps._SummedCrossEntropy, "apply", lambda *a: calls.append(1) or fused(*a))
+
     def run(count):
         loss = causal_lm_loss(model, batch, count)
         loss.backward()
@@ -88,6 +92,8 @@ def test_sft_loss(monkeypatch, model):
             model.lm_head.bias = torch.nn.Parameter(0.1 * torch.randn(model.lm_head.out_features, generator=g))
         for count in (None, torch.tensor(40)):
             (l1, g1), (l2, g2) = both_ways(monkeypatch, lambda: run(count))
+            assert len(calls) == 1  # the chunked run took its gradients in the forward pass
+            calls.clear()
             torch.testing.assert_close(l2, l1, rtol=1e-5, atol=1e-6)
             assert g1.keys() == g2.keys() and ("lm_head.bias" in g1) == (case == "untied with bias")
             for name in g1:
@@ -99,11 +105,12 @@ def test_sft_loss(monkeypatch, model):
     torch.testing.assert_close(unchanged, reference, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["bf16 weights", "bf16 autocast"])
+@pytest.mark.parametrize("mode", ["bf16 weights", "bf16 autocast", "fp16 autocast"])
 def test_sft_loss_in_half_precision(monkeypatch, model, mode):
-    """The same in bf16 (weights, or fp32 weights under autocast), where both paths round: the
-    chunked one's loss and gradients are as far from fp32's as the plain path's are, and the
-    chunked path is the one that ran."""
+    """The same in bf16 (weights, or fp32 weights under autocast) and under fp16 autocast, where
+    both paths round: the chunked one's loss and gradients are as far from fp32's as the plain
+    path's are, and the chunked path is the one that ran — in fp16 the one that recomputes each
+    chunk in the backward pass (the forward pass cannot apply a loss scale it does not know)."""
     import swift.trainers.trainer as trainer_module
 
     g = torch.Generator().manual_seed(5)
@@ -111,12 +118,14 @@ def test_sft_loss_in_half_precision(monkeypatch, model, mode):
     labels = ids.clone()
     labels[:, :4] = -100
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
-    calls = []
-    chunked_loss = trainer_module.head_cross_entropy
+    calls, fused_calls = [], []
+    chunked_loss, fused = trainer_module.head_cross_entropy, logps._SummedCrossEntropy.apply
     monkeypatch.setattr(trainer_module, "head_cross_entropy", lambda *a: calls.append(1) or chunked_loss(*a))
+    monkeypatch.setattr(logps._SummedCrossEntropy, "apply", lambda *a: fused_calls.append(1) or fused(*a))
 
     def run(half=True):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half and mode == "bf16 autocast"):
+        dtype = torch.float16 if mode.startswith("fp16") else torch.bfloat16
+        with torch.autocast("cpu", dtype=dtype, enabled=half and mode.endswith("autocast")):
             loss = causal_lm_loss(model, batch, None)
         loss.backward()
         out = {n: p.grad.float().clone() for n, p in model.named_parameters()}
@@ -130,6 +139,7 @@ def test_sft_loss_in_half_precision(monkeypatch, model, mode):
         model.to(torch.bfloat16)
     (l1, g1), (l2, g2) = both_ways(monkeypatch, run)
     assert len(calls) == 1  # the chunked path ran once (and the plain one did not call it)
+    assert len(fused_calls) == (0 if mode.startswith("fp16") else 1)
     assert abs(l2 - l0) <= 2 * abs(l1 - l0) + 1e-3
     for name in g0:
         plain_error, chunked_error = (g1[name] - g0[name]).norm(), (g2[name] - g0[name]).norm()
