@@ -98,6 +98,8 @@ def test_sft_loss(monkeypatch, model):
             assert g1.keys() == g2.keys() and ("lm_head.bias" in g1) == (case == "untied with bias")
             for name in g1:
                 torch.testing.assert_close(g2[name], g1[name], rtol=1e-5, atol=1e-6, msg=name)
+    causal_lm_loss(model, batch, None)
+    assert not calls  # logits that fit in one chunk (the default's 2^26 elements) are computed whole
     with torch.no_grad():
         reference = model(**batch).loss * (labels[:, 1:] != -100).sum() / 40
         _, unchanged = both_ways(monkeypatch, lambda: causal_lm_loss(model, batch, torch.tensor(40)))  # evaluation

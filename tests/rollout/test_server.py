@@ -272,7 +272,9 @@ def test_multi_turn_scheduler_runs_in_the_server_worker(quickstart):
                             gym_env="guess_number", max_turns=3)
     worker = _Worker(args, 0)
     assert worker.info()["enable_multi_turn"] is True
-    out = worker.infer([{"messages": [{"role": "user", "content": "What is 12 + 30?"}], "data_dict": {"solution": "999"}}],
+    # the quickstart's own prompt format: a question put otherwise is out of its training, and what the
+    # model answers to it changed with the summation order of its training loss
+    out = worker.infer([{"messages": [{"role": "user", "content": "12+30="}], "data_dict": {"solution": "999"}}],
                        {"max_tokens": 8, "temperature": 0.0}, 2, 64)
     assert len(out) == 2
     for t in out:
