@@ -172,18 +172,15 @@ def head_cross_entropy(hidden: torch.Tensor, head: torch.nn.Linear, targets: tor
     """Summed next-token cross-entropy of `targets` (IGNORE_INDEX skipped) under softmax(head(hidden)),
     over chunks of at most `CHUNK_ELEMENTS` logits: `swift sft`/`pt`'s loss."""
     device = hidden.device.type
-    if torch.is_grad_enabled() and torch.float16 in (
-            head.weight.dtype, torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device)):
-        # fp16 needs the loss scale inside the logits' gradient before it is rounded to fp16, which
-        # the forward pass does not know yet: each chunk is recomputed in the backward pass instead
+    fp16 = torch.float16 in (head.weight.dtype, torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device))
+    if not torch.is_grad_enabled() or fp16:
+        # without gradients, the per-token log-probs summed; in fp16 the loss scale must enter the
+        # logits' gradient before it is rounded to fp16, which the forward pass does not know yet,
+        # so each chunk is recomputed in the backward pass instead
         return -head_logps(hidden, head, targets)[0].sum()
-    flat, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
     rows = max(1, CHUNK_ELEMENTS // head.out_features)
-    if torch.is_grad_enabled():
-        return _SummedCrossEntropy.apply(flat, head.weight, head.bias, targets, rows)
-    return sum(F.cross_entropy(F.linear(flat[i:i + rows].to(head.weight.dtype), head.weight, head.bias).float(),
-                               targets[i:i + rows], ignore_index=IGNORE_INDEX, reduction="sum")
-               for i in range(0, targets.numel(), rows))
+    return _SummedCrossEntropy.apply(hidden.reshape(-1, hidden.size(-1)), head.weight, head.bias, targets.reshape(-1),
+                                     rows)
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

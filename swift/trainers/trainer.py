@@ -18,16 +18,16 @@ def causal_lm_loss(model, inputs: dict, num_items_in_batch: torch.Tensor | int |
     Prompt tokens carry no loss, so their logits are never needed; `logits_to_keep` (a tensor of
     sequence positions) makes the model skip the output head there, which is most of the work for
     small models with large vocabularies. Where those logits would exceed `CHUNK_ELEMENTS`, models
-    with a plain output layer (`plain_head`) never hold them whole: the head and the cross-entropy run over chunks of positions, whose
-    gradients are taken in the forward pass (`swift.rlhf.logps.head_cross_entropy`).
+    with a plain output layer (`plain_head`) never hold them whole: the head and the cross-entropy
+    run over chunks of positions (`swift.rlhf.logps.head_cross_entropy`).
     """
     labels = inputs["labels"]
     keep = labelled_positions(labels)  # positions t predicting labels[t+1]
     selected = labels[:, 1:][:, keep]
     model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
     head = plain_head(model)
-    if head is not None and selected.numel() * head.out_features > logps.CHUNK_ELEMENTS:  # else one chunk: as is
-        with hidden_states_out(model) as head:
+    if head is not None and selected.numel() * head.out_features > logps.CHUNK_ELEMENTS:  # else one chunk: whole
+        with hidden_states_out(model):
             hidden = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits
         loss = head_cross_entropy(hidden, head, selected)
     else:

@@ -30,6 +30,16 @@ def model(tiny):
     return AutoModelForCausalLM.from_config(tiny[0].config).float()
 
 
+def labelled_batch(seed: int, rows: int, length: int, prompt: int, pad_from: int) -> dict:
+    """Random ids, row 1 right-padded from `pad_from`, the first `prompt` positions unlabelled."""
+    ids = torch.randint(3, 2000, (rows, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[1, pad_from:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :prompt] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
 def grads(model):
     out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
@@ -38,14 +48,8 @@ def grads(model):
 
 @pytest.mark.parametrize("whole_sequence", [False, True])
 def test_preference_log_probs(monkeypatch, model, whole_sequence):
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 2000, (4, 12), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 9:] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    labels[:, :5] = -100  # the prompt
-    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
-    keep = logps.labelled_positions(labels)
+    batch = labelled_batch(1, rows=4, length=12, prompt=5, pad_from=9)
+    keep = logps.labelled_positions(batch["labels"])
 
     def run():
         out = forward_logps(model, batch, keep, whole_sequence)
@@ -66,14 +70,10 @@ def test_sft_loss(monkeypatch, model):
     """sft's loss (what `SwiftTrainer.compute_loss` returns) in chunks of 3 positions equals the
     plain path and the model's own loss, with padding, a prompt, a row without any label, and a
     token count given from outside the micro-batch (gradient accumulation)."""
-    g = torch.Generator().manual_seed(4)
-    ids = torch.randint(3, 2000, (3, 11), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 8:] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    labels[:, :4] = -100  # the prompt
+    batch = labelled_batch(4, rows=3, length=11, prompt=4, pad_from=8)
+    labels = batch["labels"]
     labels[2] = -100  # a row that carries no loss
-    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    g = torch.Generator().manual_seed(4)
 
     calls = []
     fused = logps._SummedCrossEntropy.apply
