@@ -2,7 +2,7 @@
 tokens/s and p50/p95 latency at several concurrencies.
 
     python benchmarks/serve_throughput.py [--requests 128] [--max_tokens 32] [--concurrency 1 8 32 64] [--warmup 8]
-        [--vllm_python .venv-vllm/bin/python]
+        [--vllm_python .venv-vllm/bin/python] [--threads 1]
 
 Every side serves the built-in tiny model saved as a local Hugging Face directory, with the
 tokenizer's own chat template, the same dtype (fp32 on CPU) and the same most sequences decoded
@@ -10,7 +10,9 @@ together (the largest concurrency). The servers are real processes on loopback (
 with `--vllm_python`, `python -m vllm.entrypoints.openai.api_server` from that vLLM environment),
 driven by the official async openai client with the same chat requests (temperature 1, no top-k,
 top-p 1). Each server first answers `--warmup` untimed requests; the in-process baseline makes as
-many untimed `model.generate` calls.
+many untimed `model.generate` calls. Torch threads are pinned: vLLM's CPU server reduces itself to
+one for serving (its log line is printed), and the swift server and the baseline run with
+`--threads` (default 1, the same).
 """
 from __future__ import annotations
 
@@ -132,6 +134,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=8, help="untimed requests (calls) before the timed ones, per side")
     p.add_argument("--repeats", type=int, default=3, help="timed loads per server and concurrency; the median is shown")
     p.add_argument("--vllm_python", help="python of a vLLM environment (e.g. .venv-vllm/bin/python): adds vLLM rows")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of the swift server and of the in-process baseline (OMP_NUM_THREADS); 1 is "
+                        "what vLLM's CPU server chooses for itself (its log line is printed)")
     a = p.parse_args()
     batch = max(a.concurrency)
     with tempfile.TemporaryDirectory() as model_dir, tempfile.TemporaryDirectory() as log_dir:
@@ -142,7 +147,8 @@ def main() -> None:
         swift_argv = [sys.executable, "-m", "swift", "deploy", "--model", model_dir, "--template", "jinja",
                       "--torch_dtype", DTYPE, "--attn_impl", "sdpa", "--max_batch_size", str(batch),
                       "--served_model_name", "tiny", "--port", str(swift_port), "--log_level", "warning"]
-        rows = serve("swift deploy", swift_argv, {}, swift_port, a, log_dir)
+        swift_env = {"OMP_NUM_THREADS": str(a.threads)}
+        rows = serve("swift deploy", swift_argv, swift_env, swift_port, a, log_dir)
         vllm_argv, vllm_log = [], []
         vllm_env = {} if torch.cuda.is_available() else {"VLLM_TARGET_DEVICE": "cpu"}
         if a.vllm_python:
@@ -156,7 +162,8 @@ def main() -> None:
                 vllm_argv += ["--kv-cache-memory-bytes", str(2 ** 30)]  # 1 GiB; by default it sizes from free RAM
             rows += serve("vLLM OpenAI server", vllm_argv, vllm_env, vllm_port, a, log_dir)
             with open(os.path.join(log_dir, "vLLM.log")) as f:  # its version and CPU thread binding, for the record
-                vllm_log = [line.strip() for line in f if "version 0." in line or "OMP" in line]
+                vllm_log = [line.strip() for line in f if "version 0." in line or "OMP" in line or "Torch threads" in line]
+        torch.set_num_threads(a.threads)
         base_tps, base_lat, generate_kwargs = baseline(model_dir, a.requests, a.max_tokens, a.warmup)
     print(f"\nmodel builtin:tiny-chat (saved as a local directory), {a.requests} requests, max_tokens {a.max_tokens}, "
           f"sampling at temperature 1, {a.warmup} warm-up requests per side")
@@ -183,7 +190,7 @@ def main() -> None:
 
     sides = {"requests (every server)": dict(endpoint="/v1/chat/completions", max_tokens=a.max_tokens,
                                              temperature=1.0, top_p=1.0, top_k="not sent (off on both servers)"),
-             "swift": command({}, swift_argv, str(swift_port))}
+             "swift": command(swift_env, swift_argv, str(swift_port))}
     if vllm_argv:
         sides["vLLM"] = command(vllm_env, vllm_argv, str(vllm_port))
     sides["baseline (in process, one request at a time)"] = generate_kwargs

@@ -115,14 +115,16 @@ def guard_of(app: FastAPI) -> Guard:
 
 
 def create_app(served_model_name: str, *, engine: TransformersEngine | None = None, scorer: RewardScorer | None = None,
-               adapters: dict[str, str] | None = None, limits: ServingLimits | None = None) -> FastAPI:
-    """Generation routes need `engine`; reward routes need `scorer` (a seq_cls model)."""
+               adapters: dict[str, str] | None = None, limits: ServingLimits | None = None,
+               log_requests: bool = True) -> FastAPI:
+    """Generation routes need `engine`; reward routes need `scorer` (a seq_cls model). `log_requests`:
+    one info line per request (method, path, status, time)."""
     limits = limits or ServingLimits()
     app = FastAPI(title="swift deploy")
     models = [served_model_name, *(adapters or {})]
 
     # key and size refusals cost no body read and no route; each request is logged in one line
-    app.add_middleware(Guard, limits=limits, log_requests=True)
+    app.add_middleware(Guard, limits=limits, log_requests=log_requests)
 
     add_error_handlers(app, "the deploy server")
 

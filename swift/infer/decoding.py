@@ -61,8 +61,10 @@ class Decoding:
         mask = torch.tensor([[0] * (width - len(j.prompt)) + [1] * len(j.prompt) for j in jobs], device=device)
         cache = self.model.new_cache() if hasattr(self.model, "new_cache") else DynamicCache()  # a wrapper's own
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        # only the last position's logits are needed, unless the prompt's own log-probs are asked for
+        keep = {"logits_to_keep": 1} if cfg.prompt_logprobs is None and self._keeps_logits else {}
         prefill = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                             use_cache=True).logits
+                             use_cache=True, **keep).logits
         if cfg.prompt_logprobs is not None:
             for b, j in enumerate(jobs):
                 j.prompt_logprobs = self._prompt_logprobs(prefill[b, width - len(j.prompt):], j.prompt,

@@ -116,42 +116,53 @@ class FastDecoder:
     def select(self, index: torch.Tensor) -> None:
         """Keep only the rows in `index` (finished rows leave the batch). Columns that are padding for
         every row left (those of rows that have gone) are dropped, so a batch that keeps taking in
-        requests does not grow without bound."""
+        requests does not grow without bound. Only the filled columns are copied (the columns past
+        `length` are never read)."""
         lead = 0
         if self.bias is not None:
             self.bias = self.bias.index_select(0, index)
             dead = torch.isneginf(self.bias[:, 0, 0, :self.length]).all(0)
             lead = int(dead.int().cumprod(0).sum())
-        self.keys = [k[:, :, lead:].index_select(0, index) for k in self.keys]
-        self.values = [v[:, :, lead:].index_select(0, index) for v in self.values]
+        filled = self.length - lead
+        capacity = self.keys[0].size(2) - lead
+
+        def kept(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_empty(index.numel(), t.size(1), capacity, t.size(3))
+            out[:, :, :filled] = t[:, :, lead:self.length].index_select(0, index)
+            return out
+        self.keys = [kept(k) for k in self.keys]
+        self.values = [kept(v) for v in self.values]
         if lead:
             self.bias = self.bias[..., lead:].contiguous()
-            self.length -= lead
+            self.length = filled
 
     def join(self, cache: DynamicCache, mask: torch.Tensor) -> None:
         """Add rows prefilled by the model's forward (their cache and 2D padding mask, rows already
         expanded per sample) to the rows being decoded. Both are right-aligned on the last filled
-        column; the columns a row does not fill are masked for it. Positions stay per row, so a
-        row's outputs do not depend on where its columns sit. All or nothing: the new state is
-        built aside and only then taken, so a failure leaves the running rows as they were."""
+        column; the columns a row does not fill are masked for it (and hold zeros: masked columns
+        still enter attention's weighted sum, with weight 0). Positions stay per row, so a row's
+        outputs do not depend on where its columns sit. All or nothing: the new state is built
+        aside and only then taken, so a failure leaves the running rows as they were."""
         rows, width = mask.shape
         keys, values, bias, length = self.keys, self.values, self.bias, self.length
         if width > length:  # the newcomers' prompts are longer: move the running rows right
             keys, values, bias, length = self._widened(width - length, front=True)
-        capacity = keys[0].size(2)
+        running, capacity = keys[0].size(0), keys[0].size(2)
         if bias is None:
-            bias = keys[0].new_zeros(keys[0].size(0), 1, 1, capacity)
+            bias = keys[0].new_zeros(running, 1, 1, capacity)
         theirs = bias.new_zeros(rows, 1, 1, capacity)
         theirs[..., :length - width] = float("-inf")
         theirs[:, 0, 0, length - width:length].masked_fill_(mask == 0, float("-inf"))
 
-        def placed(t: torch.Tensor) -> torch.Tensor:
-            block = t.new_zeros(rows, t.size(1), capacity, t.size(3))
-            block[:, :, length - width:length] = t
-            return block
+        def merged(t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            out = t.new_empty(running + rows, t.size(1), capacity, t.size(3))
+            out[:running, :, :length] = t[:, :, :length]
+            out[running:, :, :length - width] = 0
+            out[running:, :, length - width:length] = new
+            return out
 
-        keys = [torch.cat([k, placed(layer.keys)]) for k, layer in zip(keys, cache.layers)]
-        values = [torch.cat([v, placed(layer.values)]) for v, layer in zip(values, cache.layers)]
+        keys = [merged(k, layer.keys) for k, layer in zip(keys, cache.layers)]
+        values = [merged(v, layer.values) for v, layer in zip(values, cache.layers)]
         self.keys, self.values, self.bias, self.length = keys, values, torch.cat([bias, theirs]), length
 
     def _widened(self, columns: int, front: bool = False):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import threading
 import weakref
 from collections import deque
@@ -48,6 +49,8 @@ class TransformersEngine(Decoding, InferEngine):
         self.processed_logprobs = processed_logprobs
         self._fast = FastDecoder.build(model) if fast_decode else None
         self._fast_verified = False
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
         self.model = model.eval()
         self.default_adapter = default_adapter
         self._active_adapter: tuple | None = None

@@ -18,7 +18,8 @@ class ServerArguments:
     host: str = field(default="127.0.0.1", metadata={"help": "Address to bind (loopback unless told otherwise)."})
     port: int = field(default=8000, metadata={"help": "Port to listen on."})
     served_model_name: str | None = field(default=None, metadata={"help": "Model name clients use (default: --model)."})
-    log_level: str = field(default="info", metadata={"help": "uvicorn log level."})
+    log_level: str = field(default="info", metadata={
+        "help": "Log level of the server (uvicorn's); at info or below, also one line per request."})
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -46,16 +47,18 @@ def deploy_main(args: DeployArguments | list[str] | None = None) -> None:
     a = resolve_args(DeployArguments, args, "swift deploy")
     warn_if_open(a.host, a.serving_limits)
     name = a.served_model_name or (a.model or "model").rstrip("/").split("/")[-1]
+    log_requests = a.log_level.lower() in ("trace", "debug", "info")
     if a.task_type == "seq_cls":
         if a.allow_control_tokens:  # the reward routes read texts as given (OpenRLHF sends formatted text)
             raise SwiftError("--allow_control_tokens applies to generation; a reward model (--task_type seq_cls) "
                              "reads the texts it scores as they are")
-        app = create_app(name, scorer=build_scorer(a), limits=a.serving_limits)
+        app = create_app(name, scorer=build_scorer(a), limits=a.serving_limits, log_requests=log_requests)
         uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
         return
     engine, adapters = build_engine(a)
     try:
-        uvicorn.run(create_app(name, engine=engine, adapters=adapters, limits=a.serving_limits),
+        uvicorn.run(create_app(name, engine=engine, adapters=adapters, limits=a.serving_limits,
+                               log_requests=log_requests),
                     host=a.host, port=a.port, log_level=a.log_level)
     finally:
         engine.close()

@@ -275,3 +275,18 @@ def test_the_chat_pages_client_streams_what_the_server_answers(server):
     assert "".join(pieces) == want and len(pieces) >= 2
     with pytest.raises(SwiftError, match=r"--base_url .*HTTP 401"):
         asyncio.run(collect(ChatBackend(base_url=server + "/v1", api_key="wrong", model="arith")))
+
+
+@pytest.mark.parametrize("level, logged", [("info", True), ("warning", False)])
+def test_log_level_decides_the_line_per_request(tmp_path, level, logged):
+    """`--log_level` is the server's: at info a line per request (method, path, status, time), at
+    warning none."""
+    from tests.deploy.serving import serve
+
+    log = tmp_path / "server.log"
+    with open(log, "w") as f:
+        with serve("deploy", "--model", "builtin:tiny-chat", "--served_model_name", "tiny", "--log_level", level,
+                   stderr=f) as base:
+            openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0).chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "12+34="}], max_tokens=2)
+    assert ("POST /v1/chat/completions 200" in log.read_text()) is logged

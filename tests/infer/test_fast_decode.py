@@ -102,14 +102,17 @@ def test_uncovered_models_and_a_wrong_fast_path_fall_back(tiny, monkeypatch):
     slow.close()
 
 
-def test_rows_that_join_and_leave_mid_decode_match_the_model_forward(tiny):
+def test_rows_that_join_and_leave_mid_decode_match_the_model_forward(tiny, monkeypatch):
     """FastDecoder on its own: A decodes alone; B joins with a prompt longer than A's columns (no
     padding bias yet: the running row moves right behind masked columns); C joins with a shorter
     one (right-aligned behind masked columns); A and B leave, and the columns only they used are
     dropped. At every step each row's logits equal the model's forward over that row's whole
-    sequence."""
+    sequence. Uninitialised memory is NaN here, so a cache column that is read but was never
+    written (masked columns still enter attention's sum, with weight 0) would show."""
     from transformers import DynamicCache
 
+    new_empty = torch.Tensor.new_empty
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: new_empty(self, *a, **k).fill_(float("nan")))
     model, _, _ = tiny
     fast = FastDecoder.build(model)
     rows: list[list[int]] = []
@@ -151,3 +154,31 @@ def test_rows_that_join_and_leave_mid_decode_match_the_model_forward(tiny):
     del rows[:2]
     assert fast.length == 18 - 13  # the 13 columns before C's prompt were only A's and B's
     steps(3)
+
+
+def test_a_model_whose_forward_takes_no_logits_to_keep_is_served(tiny):
+    """The prefill asks for the last position's logits only (`logits_to_keep=1`) where the model's
+    forward takes that argument; a forward without it gets the plain call, and both decode alike."""
+    model, tokenizer, _ = tiny
+
+    class Plain(torch.nn.Module):  # a causal LM whose forward has no logits_to_keep (nor **kwargs)
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config, self.generation_config = inner, inner.config, inner.generation_config
+
+        def get_input_embeddings(self):
+            return self.inner.get_input_embeddings()
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=past_key_values, use_cache=use_cache)
+
+    template = get_template("chatml", tokenizer)
+    plain = TransformersEngine(Plain(model), tokenizer, template)
+    direct = TransformersEngine(model, tokenizer, template, fast_decode=False)
+    try:
+        assert direct._keeps_logits and not plain._keeps_logits
+        assert_same(plain, direct, CONFIGS[0])
+    finally:
+        plain.close()
+        direct.close()
