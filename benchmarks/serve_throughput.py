@@ -10,9 +10,11 @@ together (the largest concurrency). The servers are real processes on loopback (
 with `--vllm_python`, `python -m vllm.entrypoints.openai.api_server` from that vLLM environment),
 driven by the official async openai client with the same chat requests (temperature 1, no top-k,
 top-p 1). Each server first answers `--warmup` untimed requests; the in-process baseline makes as
-many untimed `model.generate` calls. Torch threads are pinned: vLLM's CPU server reduces itself to
-one for serving (its log line is printed), and the swift server and the baseline run with
-`--threads` (default 1, the same).
+many untimed `model.generate` calls. Threads: vLLM's CPU server binds its model worker's OpenMP
+threads to the cores it does not reserve for its scheduler process (on 2 cores: one thread on one
+core; its log lines are printed) and is started without OMP_NUM_THREADS; the swift server and the
+baseline run with `--threads` torch threads (OMP_NUM_THREADS; default 1, what vLLM's worker gets
+on a 2-core machine).
 """
 from __future__ import annotations
 
@@ -95,7 +97,8 @@ def serve(name: str, argv: list[str], env: dict, port: int, a, log_dir: str) -> 
     """Start a server, wait for /health, send the warm-up and then the timed load at each concurrency."""
     log_path = os.path.join(log_dir, name.split()[0] + ".log")
     with open(log_path, "w") as log:
-        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        environment = {k: v for k, v in {**os.environ, **env}.items() if v is not None}  # None: left out
+        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 900  # vLLM on CPU takes minutes to start
@@ -135,8 +138,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed loads per server and concurrency; the median is shown")
     p.add_argument("--vllm_python", help="python of a vLLM environment (e.g. .venv-vllm/bin/python): adds vLLM rows")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch threads of the swift server and of the in-process baseline (OMP_NUM_THREADS); 1 is "
-                        "what vLLM's CPU server chooses for itself (its log line is printed)")
+                   help="torch threads of the swift server and of the in-process baseline (OMP_NUM_THREADS); vLLM "
+                        "picks its own (on 2 cores one; its log lines are printed)")
     a = p.parse_args()
     batch = max(a.concurrency)
     with tempfile.TemporaryDirectory() as model_dir, tempfile.TemporaryDirectory() as log_dir:
@@ -150,7 +153,8 @@ def main() -> None:
         swift_env = {"OMP_NUM_THREADS": str(a.threads)}
         rows = serve("swift deploy", swift_argv, swift_env, swift_port, a, log_dir)
         vllm_argv, vllm_log = [], []
-        vllm_env = {} if torch.cuda.is_available() else {"VLLM_TARGET_DEVICE": "cpu"}
+        # vLLM chooses its own threads (an OMP_NUM_THREADS from this shell would override its choice)
+        vllm_env = {"OMP_NUM_THREADS": None, **({} if torch.cuda.is_available() else {"VLLM_TARGET_DEVICE": "cpu"})}
         if a.vllm_python:
             vllm_port = free_port()
             vllm_argv = [a.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
@@ -162,7 +166,8 @@ def main() -> None:
                 vllm_argv += ["--kv-cache-memory-bytes", str(2 ** 30)]  # 1 GiB; by default it sizes from free RAM
             rows += serve("vLLM OpenAI server", vllm_argv, vllm_env, vllm_port, a, log_dir)
             with open(os.path.join(log_dir, "vLLM.log")) as f:  # its version and CPU thread binding, for the record
-                vllm_log = [line.strip() for line in f if "version 0." in line or "OMP" in line or "Torch threads" in line]
+                vllm_log = [line.strip() for line in f
+                            if any(k in line for k in ("version 0.", "OMP", "Torch threads", "core ids", "reserved_cpus"))]
         torch.set_num_threads(a.threads)
         base_tps, base_lat, generate_kwargs = baseline(model_dir, a.requests, a.max_tokens, a.warmup)
     print(f"\nmodel builtin:tiny-chat (saved as a local directory), {a.requests} requests, max_tokens {a.max_tokens}, "
@@ -185,7 +190,7 @@ def main() -> None:
                 print(f"| {c} | {tps / theirs[c][0]:.2f} | {pct(lat, 95) / pct(theirs[c][1], 95):.2f} |")
 
     def command(env: dict, argv: list[str], port: str) -> str:
-        words = [f"{k}={v}" for k, v in env.items()] + ["python", *argv[1:]]
+        words = [f"{k}={v}" if v is not None else f"(no {k})" for k, v in env.items()] + ["python", *argv[1:]]
         return " ".join(words).replace(model_dir, "MODEL_DIR").replace(f"--port {port}", "--port PORT")
 
     sides = {"requests (every server)": dict(endpoint="/v1/chat/completions", max_tokens=a.max_tokens,
@@ -199,7 +204,7 @@ def main() -> None:
         "which all sides apply).",
         f"warm-up: {a.warmup} untimed requests per server (at concurrency {batch}) before the timed ones, and as "
         "many untimed `model.generate` calls before the baseline's timed ones.",
-        *(f"vLLM log: `{line[-200:]}`" for line in vllm_log[:4])])
+        *(f"vLLM log: `{line[-200:]}`" for line in vllm_log[:8])])
 
 
 if __name__ == "__main__":

@@ -13,17 +13,23 @@ from swift.pipelines.base import resolve_args
 from swift.utils.registry import SwiftError
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+
+
 @dataclass
 class ServerArguments:
     host: str = field(default="127.0.0.1", metadata={"help": "Address to bind (loopback unless told otherwise)."})
     port: int = field(default=8000, metadata={"help": "Port to listen on."})
     served_model_name: str | None = field(default=None, metadata={"help": "Model name clients use (default: --model)."})
     log_level: str = field(default="info", metadata={
-        "help": "Log level of the server (uvicorn's); at info or below, also one line per request."})
+        "help": "Log level of the server (uvicorn's): critical, error, warning, info, debug or trace; at info "
+                "or below, also one line per request."})
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise SwiftError(f"--port must be in 1..65535, got {self.port}")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise SwiftError(f"--log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
 
 
 class DeployArguments(ComposedArguments):

@@ -290,3 +290,14 @@ def test_log_level_decides_the_line_per_request(tmp_path, level, logged):
             openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0).chat.completions.create(
                 model="tiny", messages=[{"role": "user", "content": "12+34="}], max_tokens=2)
     assert ("POST /v1/chat/completions 200" in log.read_text()) is logged
+
+
+def test_an_unknown_log_level_is_refused_before_the_model_loads():
+    from swift.pipelines.deploy import DeployArguments
+    from swift.pipelines.base import resolve_args
+    from swift.utils.registry import SwiftError
+
+    with pytest.raises(SwiftError, match="--log_level must be one of critical, error, warning, info"):
+        resolve_args(DeployArguments, ["--model", "builtin:tiny-chat", "--log_level", "warn"], "swift deploy")
+    assert resolve_args(DeployArguments, ["--model", "builtin:tiny-chat", "--log_level", "WARNING"],
+                        "swift deploy").log_level == "WARNING"

@@ -1,4 +1,6 @@
 """The engine's lean decoding step gives the same tokens and log-probs as the model's own forward."""
+import functools
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -182,3 +184,28 @@ def test_a_model_whose_forward_takes_no_logits_to_keep_is_served(tiny):
     finally:
         plain.close()
         direct.close()
+
+
+@pytest.mark.parametrize("prompt_logprobs, kept", [(None, 1), (1, None)])
+def test_the_prefill_projects_only_the_last_position_unless_the_prompt_is_scored(tiny, monkeypatch, prompt_logprobs,
+                                                                              kept):
+    """One generated token: the model's forward runs once, for the prefill, with logits_to_keep=1
+    (one position's logits) or, when the prompt's log-probs are asked for, over every position."""
+    model, tokenizer, _ = tiny
+    calls = []
+    forward = model.forward
+
+    @functools.wraps(forward)  # the same signature, which the engine reads
+    def spy(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        calls.append((kwargs.get("logits_to_keep"), out.logits.shape[1], kwargs["input_ids"].shape[1]))
+        return out
+    monkeypatch.setattr(model, "forward", spy)
+    engine = TransformersEngine(model, tokenizer, get_template("chatml", tokenizer), fast_decode=False)
+    try:
+        engine.infer([InferRequest(messages=[{"role": "user", "content": "12+34="}])],
+                     RequestConfig(max_tokens=1, temperature=0, prompt_logprobs=prompt_logprobs))
+    finally:
+        engine.close()
+    [(keep, positions, width)] = calls
+    assert keep == kept and positions == (1 if kept else width) and width > 1
