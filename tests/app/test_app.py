@@ -36,14 +36,23 @@ def test_the_page_streams_the_quickstart_models_answer(quickstart, browser, tmp_
     model = os.path.join(out, "sft")
     engine, _ = build_engine(AppArguments(model=model))  # the reference: the same engine, called directly
     first = [{"role": "user", "content": "12+34="}]
+
+    def answer(messages, max_tokens):
+        return engine.infer([InferRequest(messages=messages)], RequestConfig(max_tokens=max_tokens))[0].choices[0].text
+
     try:
-        want = engine.infer([InferRequest(messages=first)], RequestConfig(max_tokens=16))[0].choices[0].text
-        second = [*first, {"role": "assistant", "content": want}, {"role": "user", "content": "07+45="}]
-        want2 = engine.infer([InferRequest(messages=second)], RequestConfig(max_tokens=16))[0].choices[0].text
-        want2_cut = engine.infer([InferRequest(messages=second)], RequestConfig(max_tokens=1))[0].choices[0].text
+        want = answer(first, 16)
+        # the second question: the first whose whole answer differs from its one-token cut, so that
+        # regenerating with one token visibly replaces it (which questions those are depends on how
+        # the quickstart model trained on this CPU: "07+45=" got the one-token answer "6" on one)
+        for question in ("07+45=", "23+19=", "31+52=", "44+38="):
+            second = [*first, {"role": "assistant", "content": want}, {"role": "user", "content": question}]
+            want2, want2_cut = answer(second, 16), answer(second, 1)
+            if want2_cut.strip() != want2.strip():
+                break
     finally:
         engine.close()
-    assert want == "46" and len(want2.strip()) >= 2 and want2_cut.strip() != want2.strip()
+    assert want == "46" and want2_cut.strip() != want2.strip()
     url, proc = start_page("app", "--model", model, "--max_new_tokens", "16", "--studio_title", "swift quickstart",
                            log=str(tmp_path / "app.log"))
     try:
@@ -54,7 +63,7 @@ def test_the_page_streams_the_quickstart_models_answer(quickstart, browser, tmp_
                            what="the answer")
         assert answers == [want]
         # multi-turn: the history goes with the next message; regenerate replaces the last answer
-        type_into(browser, "message", "07+45=", enter=True)
+        type_into(browser, "message", question, enter=True)
         wait_for(lambda: len(bot_messages(browser)) == 2 and bot_messages(browser)[1].strip() == want2.strip(),
                  timeout=60, what="the second answer")
         # Regenerate with one new token at most (the page's setting): the last answer is replaced
