@@ -48,7 +48,7 @@ def test_the_page_streams_the_quickstart_models_answer(quickstart, browser, tmp_
         for question in ("07+45=", "23+19=", "31+52=", "44+38="):
             second = [*first, {"role": "assistant", "content": want}, {"role": "user", "content": question}]
             want2, want2_cut = answer(second, 16), answer(second, 1)
-            if want2_cut.strip() != want2.strip():
+            if want2_cut.strip() and want2_cut.strip() != want2.strip():
                 break
     finally:
         engine.close()
