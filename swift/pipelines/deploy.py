@@ -53,7 +53,7 @@ def deploy_main(args: DeployArguments | list[str] | None = None) -> None:
     a = resolve_args(DeployArguments, args, "swift deploy")
     warn_if_open(a.host, a.serving_limits)
     name = a.served_model_name or (a.model or "model").rstrip("/").split("/")[-1]
-    log_requests = a.log_level.lower() in ("trace", "debug", "info")
+    log_requests = LOG_LEVELS.index(a.log_level.lower()) >= LOG_LEVELS.index("info")  # info lines pass
     if a.task_type == "seq_cls":
         if a.allow_control_tokens:  # the reward routes read texts as given (OpenRLHF sends formatted text)
             raise SwiftError("--allow_control_tokens applies to generation; a reward model (--task_type seq_cls) "
