@@ -141,14 +141,13 @@ class Decoding:
             if self._closed:
                 raise SwiftError("the inference engine was closed")
             if len(keep) < len(rows):
-                index = torch.tensor(keep, device=device)
+                order = fast.select(keep) if fast is not None else keep  # the fast path may reorder rows
+                index = torch.tensor(order, device=device)
                 if cache is not None:
                     cache.batch_select_indices(index)
                     mask = mask[index]
-                if fast is not None:
-                    fast.select(index)
                 last_pos, next_tokens = last_pos[index], next_tokens[index]
-                rows = [rows[i] for i in keep]
+                rows = [rows[i] for i in order]
             last_pos = last_pos + 1
             if fast is not None:
                 fast_logits = fast.step(next_tokens, last_pos).float()
@@ -159,7 +158,7 @@ class Decoding:
                     if joiners:
                         try:
                             new_cache, new_logits, new_mask, new_pos, new_rows = self._open_rows(joiners)
-                            fast.join(new_cache, new_mask)  # all or nothing
+                            fast.join(new_cache, new_mask, self.max_batch_size)  # all or nothing
                         except Exception as e:  # the running rows go on; the newcomers run alone later
                             self._requeue_alone(joiners, e)
                             continue

@@ -74,6 +74,7 @@ class FastDecoder:
         self.values: list[torch.Tensor] = []
         self.bias: torch.Tensor | None = None  # [B, 1, 1, capacity]: 0 where attended, -inf on padding
         self.length = 0  # filled cache columns
+        self.rows = 0  # rows being decoded: the first `rows` of the buffers
 
     @classmethod
     def build(cls, model) -> "FastDecoder | None":
@@ -111,59 +112,88 @@ class FastDecoder:
         if not bool(mask.all()):
             self.bias = torch.zeros(rows, 1, 1, capacity, dtype=self.keys[0].dtype, device=mask.device)
             self.bias[:, 0, 0, :length].masked_fill_(mask == 0, float("-inf"))
-        self.length = length
+        self.length, self.rows = length, rows
 
-    def select(self, index: torch.Tensor) -> None:
-        """Keep only the rows in `index` (finished rows leave the batch). Columns that are padding for
-        every row left (those of rows that have gone) are dropped, so a batch that keeps taking in
-        requests does not grow without bound. Only the filled columns are copied (the columns past
-        `length` are never read)."""
-        lead = 0
+    def select(self, keep: list[int]) -> list[int]:
+        """Keep only the rows `keep` (ascending; finished rows leave the batch) and return the
+        former index of each row in its new place. Rows are not compacted in order: each kept row
+        beyond the new count moves into a place a leaving row freed, so a step copies only as many
+        rows as left (the buffers keep their size; the rows past the count are never read). Once
+        the leading columns that are padding for every row left make a quarter of the filled ones,
+        they are dropped (one copy of every row), so a batch that keeps taking in requests does not
+        grow without bound."""
+        count = len(keep)
+        kept = set(keep)
+        holes = [i for i in range(count) if i not in kept]
+        movers = [i for i in keep if i >= count]
+        order = list(range(count))
+        for hole, mover in zip(holes, movers):
+            order[hole] = mover
+        if movers:
+            src = torch.tensor(movers, device=self.keys[0].device)
+            dst = torch.tensor(holes, device=self.keys[0].device)
+            for t in self.keys + self.values:
+                t[dst, :, :self.length] = t[src, :, :self.length]
+            if self.bias is not None:
+                self.bias[dst] = self.bias[src]
+        self.rows = count
         if self.bias is not None:
-            self.bias = self.bias.index_select(0, index)
-            dead = torch.isneginf(self.bias[:, 0, 0, :self.length]).all(0)
+            dead = torch.isneginf(self.bias[:count, 0, 0, :self.length]).all(0)
             lead = int(dead.int().cumprod(0).sum())
-        filled = self.length - lead
-        capacity = self.keys[0].size(2) - lead
+            if lead and 4 * lead >= self.length:
+                filled = self.length - lead
 
-        def kept(t: torch.Tensor) -> torch.Tensor:
-            out = t.new_empty(index.numel(), t.size(1), capacity, t.size(3))
-            out[:, :, :filled] = t[:, :, lead:self.length].index_select(0, index)
-            return out
-        self.keys = [kept(k) for k in self.keys]
-        self.values = [kept(v) for v in self.values]
-        if lead:
-            self.bias = self.bias[..., lead:].contiguous()
-            self.length = filled
+                def trimmed(t: torch.Tensor) -> torch.Tensor:
+                    out = t.new_empty(count, t.size(1), t.size(2) - lead, t.size(3))
+                    out[:, :, :filled] = t[:count, :, lead:self.length]
+                    return out
+                self.keys = [trimmed(k) for k in self.keys]
+                self.values = [trimmed(v) for v in self.values]
+                self.bias = self.bias[:count, ..., lead:].contiguous()
+                self.length = filled
+        return order
 
-    def join(self, cache: DynamicCache, mask: torch.Tensor) -> None:
+    def join(self, cache: DynamicCache, mask: torch.Tensor, max_rows: int | None = None) -> None:
         """Add rows prefilled by the model's forward (their cache and 2D padding mask, rows already
         expanded per sample) to the rows being decoded. Both are right-aligned on the last filled
         column; the columns a row does not fill are masked for it (and hold zeros: masked columns
         still enter attention's weighted sum, with weight 0). Positions stay per row, so a row's
-        outputs do not depend on where its columns sit. All or nothing: the new state is built
-        aside and only then taken, so a failure leaves the running rows as they were."""
+        outputs do not depend on where its columns sit. The newcomers are written into the rows
+        past the running ones, which no step reads; when the buffers are too small they grow (to
+        twice their rows, at most `max_rows` unless more are needed). All or nothing: the running
+        rows are not written, and the row count moves only at the end, so a failure leaves the
+        batch as it was."""
         rows, width = mask.shape
         keys, values, bias, length = self.keys, self.values, self.bias, self.length
+        running = self.rows
         if width > length:  # the newcomers' prompts are longer: move the running rows right
             keys, values, bias, length = self._widened(width - length, front=True)
-        running, capacity = keys[0].size(0), keys[0].size(2)
+        capacity = keys[0].size(2)
+        total = running + rows
+        if total > keys[0].size(0):  # more rows
+            twice = 2 * keys[0].size(0)
+            grown = max(total, min(twice, max_rows) if max_rows else twice)
+
+            def taller(t: torch.Tensor) -> torch.Tensor:
+                out = t.new_empty(grown, *t.shape[1:])
+                out[:running, :, :length] = t[:running, :, :length]
+                return out
+            keys, values = [taller(k) for k in keys], [taller(v) for v in values]
+            if bias is not None:
+                bias = torch.cat([bias[:running], bias.new_zeros(grown - running, *bias.shape[1:])])
         if bias is None:
-            bias = keys[0].new_zeros(running, 1, 1, capacity)
-        theirs = bias.new_zeros(rows, 1, 1, capacity)
+            bias = keys[0].new_zeros(keys[0].size(0), 1, 1, capacity)
+        theirs = bias[running:total]
+        theirs.zero_()
         theirs[..., :length - width] = float("-inf")
         theirs[:, 0, 0, length - width:length].masked_fill_(mask == 0, float("-inf"))
-
-        def merged(t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            out = t.new_empty(running + rows, t.size(1), capacity, t.size(3))
-            out[:running, :, :length] = t[:, :, :length]
-            out[running:, :, :length - width] = 0
-            out[running:, :, length - width:length] = new
-            return out
-
-        keys = [merged(k, layer.keys) for k, layer in zip(keys, cache.layers)]
-        values = [merged(v, layer.values) for v, layer in zip(values, cache.layers)]
-        self.keys, self.values, self.bias, self.length = keys, values, torch.cat([bias, theirs]), length
+        for t, new in zip(keys, [layer.keys for layer in cache.layers]):
+            t[running:total, :, :length - width] = 0
+            t[running:total, :, length - width:length] = new
+        for t, new in zip(values, [layer.values for layer in cache.layers]):
+            t[running:total, :, :length - width] = 0
+            t[running:total, :, length - width:length] = new
+        self.keys, self.values, self.bias, self.length, self.rows = keys, values, bias, length, total
 
     def _widened(self, columns: int, front: bool = False):
         """(keys, values, bias, length) with empty cache columns added at the end, or (`front`)
@@ -190,6 +220,7 @@ class FastDecoder:
             self.keys, self.values, self.bias, self.length = self._widened(_GROW)
         t = self.length
         rows = tokens.size(0)
+        assert rows == self.rows, f"{rows} tokens for {self.rows} rows"
         x = self.embed(tokens[:, None])
         d = self.head_dim
         half = d // 2
@@ -197,7 +228,7 @@ class FastDecoder:
         # rotate_half(x) * sin == x.roll(half) * (sin with its first half negated), in fewer ops
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         cos, sin = cos[:, :, None], sin[:, :, None]  # [B, 1, 1, D], broadcast over heads
-        bias = self.bias[..., :t + 1] if self.bias is not None else None
+        bias = self.bias[:rows, ..., :t + 1] if self.bias is not None else None
         for i, (norm1, q_proj, k_proj, v_proj, q_norm, k_norm, o_proj, norm2, mlp) in enumerate(self.layers):
             h = norm1(x)
             q = q_proj(h).view(rows, 1, -1, d)
@@ -209,9 +240,10 @@ class FastDecoder:
             qk = (qk * cos + qk.roll(half, dims=-1) * sin).transpose(1, 2)
             q, k = qk[:, :heads], qk[:, heads:]
             v = v_proj(h).view(rows, 1, -1, d).transpose(1, 2)
-            self.keys[i][:, :, t] = k[:, :, 0]
-            self.values[i][:, :, t] = v[:, :, 0]
-            out = F.scaled_dot_product_attention(q, self.keys[i][:, :, :t + 1], self.values[i][:, :, :t + 1],
+            keys, values = self.keys[i][:rows], self.values[i][:rows]
+            keys[:, :, t] = k[:, :, 0]
+            values[:, :, t] = v[:, :, 0]
+            out = F.scaled_dot_product_attention(q, keys[:, :, :t + 1], values[:, :, :t + 1],
                                                  attn_mask=bias, scale=self.scaling, enable_gqa=True)
             x = x + o_proj(out.transpose(1, 2).reshape(rows, 1, -1))
             x = x + mlp(norm2(x))

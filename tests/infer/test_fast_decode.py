@@ -107,10 +107,12 @@ def test_uncovered_models_and_a_wrong_fast_path_fall_back(tiny, monkeypatch):
 def test_rows_that_join_and_leave_mid_decode_match_the_model_forward(tiny, monkeypatch):
     """FastDecoder on its own: A decodes alone; B joins with a prompt longer than A's columns (no
     padding bias yet: the running row moves right behind masked columns); C joins with a shorter
-    one (right-aligned behind masked columns); A and B leave, and the columns only they used are
-    dropped. At every step each row's logits equal the model's forward over that row's whole
-    sequence. Uninitialised memory is NaN here, so a cache column that is read but was never
-    written (masked columns still enter attention's sum, with weight 0) would show."""
+    one (right-aligned behind masked columns); D joins; B leaves from the middle (D moves into its
+    place: `select` returns the new order) while the columns before C's prompt stay (too few to
+    drop); A and D leave, and the columns only they used are dropped. At every step each row's
+    logits equal the model's forward over that row's whole sequence. Uninitialised memory is NaN
+    here, so a cache column or row that is read but was never written (masked columns still enter
+    attention's sum, with weight 0) would show."""
     from transformers import DynamicCache
 
     new_empty = torch.Tensor.new_empty
@@ -129,7 +131,7 @@ def test_rows_that_join_and_leave_mid_decode_match_the_model_forward(tiny, monke
 
     def steps(count: int) -> None:
         for _ in range(count):
-            tokens = torch.tensor([(7 * len(r) + 3 * i) % 1000 + 10 for i, r in enumerate(rows)])
+            tokens = torch.tensor([(7 * len(r) + 3 * r[0]) % 1000 + 10 for r in rows])
             positions = torch.tensor([len(r) for r in rows])
             with torch.inference_mode():
                 ours = fast.step(tokens, positions)
@@ -149,12 +151,21 @@ def test_rows_that_join_and_leave_mid_decode_match_the_model_forward(tiny, monke
     assert fast.length == 12 and torch.isneginf(fast.bias[0, 0, 0, :4]).all()
     steps(4)
     cache, mask, _ = prefill([50, 51, 52])  # 3 < 16 columns
-    fast.join(cache, mask)
+    fast.join(cache, mask, max_rows=3)
     assert fast.length == 16 and torch.isneginf(fast.bias[2, 0, 0, :13]).all()
     steps(2)
-    fast.select(torch.tensor([2]))
-    del rows[:2]
-    assert fast.length == 18 - 13  # the 13 columns before C's prompt were only A's and B's
+    cache, mask, _ = prefill([60, 61, 62, 63, 64, 65])
+    fast.join(cache, mask)
+    steps(1)
+    order = fast.select([0, 2, 3])  # B leaves; the last row (D) takes its place
+    assert order == [0, 3, 2]
+    rows[:] = [rows[i] for i in order]
+    assert fast.length == 19  # the 4 leading columns only B used are under a quarter of 19: kept
+    steps(2)
+    order = fast.select([2])  # A and D leave: C remains
+    assert order == [2]
+    rows[:] = [rows[i] for i in order]
+    assert fast.length == 21 - 13  # the 13 columns before C's prompt were only A's, B's and D's
     steps(3)
 
 
