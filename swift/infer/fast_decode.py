@@ -72,9 +72,9 @@ class FastDecoder:
         self.head_dim, self.scaling = first.head_dim, first.scaling
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.bias: torch.Tensor | None = None  # [B, 1, 1, capacity]: 0 where attended, -inf on padding
+        self.bias: torch.Tensor | None = None  # [buffer rows, 1, 1, capacity]: 0 where attended, -inf on padding
         self.length = 0  # filled cache columns
-        self.rows = 0  # rows being decoded: the first `rows` of the buffers
+        self.rows = 0  # rows being decoded: the first `rows` of the buffers (which may have spare rows)
 
     @classmethod
     def build(cls, model) -> "FastDecoder | None":
@@ -117,8 +117,8 @@ class FastDecoder:
     def select(self, keep: list[int]) -> list[int]:
         """Keep only the rows `keep` (ascending; finished rows leave the batch) and return the
         former index of each row in its new place. Rows are not compacted in order: each kept row
-        beyond the new count moves into a place a leaving row freed, so a step copies only as many
-        rows as left (the buffers keep their size; the rows past the count are never read). Once
+        beyond the new count moves into a place a leaving row freed, so at most as many rows are
+        copied as left (the buffers keep their rows; those past the count are never read). Once
         the leading columns that are padding for every row left make a quarter of the filled ones,
         they are dropped (one copy of every row), so a batch that keeps taking in requests does not
         grow without bound."""

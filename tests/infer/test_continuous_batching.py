@@ -210,3 +210,29 @@ def test_an_inline_engine_refills_its_batch_with_queued_requests(tiny):
             assert response.choices[0].token_ids == inline.infer([request], cfg)[0].choices[0].token_ids
     finally:
         inline.close()
+
+
+def test_a_row_that_leaves_before_the_lean_step_is_trusted_keeps_the_model_cache_in_step(tiny):
+    """In a fresh engine the first decoding steps run both the model's forward (its cache) and the
+    lean step, and compare them. A leaves after its first token, so the lean step moves C into
+    A's place; the model's cache and mask must follow the same order, or the comparison fails
+    (the lean step is then switched off) and B and C get tokens that are not theirs alone."""
+    model, tokenizer, _ = tiny
+    fresh = TransformersEngine(model, tokenizer, get_template("chatml", tokenizer), max_batch_size=8)
+    try:
+        assert not fresh._fast_verified
+        selected = []
+        select = fresh._fast.select
+        fresh._fast.select = lambda keep: selected.append(select(keep)) or selected[-1]
+        bias = {e: -100.0 for e in fresh.eos_ids}
+        configs = [RequestConfig(max_tokens=n, temperature=0, logit_bias=bias, logprobs=True) for n in (1, 6, 6)]
+        requests = [chat("1+1="), chat(LONG_PROMPT), chat("7+5=")]
+        together = fresh.infer(requests, configs)
+        assert selected[0] == [2, 1]  # C took A's place before the lean step was trusted
+        assert fresh._fast_verified and fresh._fast is not None
+        for request, cfg, response in zip(requests, configs, together):
+            choice = response.choices[0]
+            got = (choice.token_ids, [lp.logprob for lp in choice.logprobs])
+            assert_same(got, alone(fresh, request, cfg))
+    finally:
+        fresh.close()

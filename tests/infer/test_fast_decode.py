@@ -107,12 +107,13 @@ def test_uncovered_models_and_a_wrong_fast_path_fall_back(tiny, monkeypatch):
 def test_rows_that_join_and_leave_mid_decode_match_the_model_forward(tiny, monkeypatch):
     """FastDecoder on its own: A decodes alone; B joins with a prompt longer than A's columns (no
     padding bias yet: the running row moves right behind masked columns); C joins with a shorter
-    one (right-aligned behind masked columns); D joins; B leaves from the middle (D moves into its
-    place: `select` returns the new order) while the columns before C's prompt stay (too few to
-    drop); A and D leave, and the columns only they used are dropped. At every step each row's
-    logits equal the model's forward over that row's whole sequence. Uninitialised memory is NaN
-    here, so a cache column or row that is read but was never written (masked columns still enter
-    attention's sum, with weight 0) would show."""
+    one (right-aligned behind masked columns; the buffers grow to `max_rows`); D joins (they grow
+    again); B leaves from the middle (D moves into its place: `select` returns the new order) while
+    the 4 leading columns only B used stay (too few to drop); E joins into the spare row B's
+    leaving freed, which still holds D's old bias and cache; A and D leave, and the columns only
+    they used are dropped. At every step each row's logits equal the model's forward over that
+    row's whole sequence. Uninitialised memory is NaN here, so a cache column that is read but was
+    never written (masked columns still enter attention's sum, with weight 0) would show."""
     from transformers import DynamicCache
 
     new_empty = torch.Tensor.new_empty
@@ -153,19 +154,26 @@ def test_rows_that_join_and_leave_mid_decode_match_the_model_forward(tiny, monke
     cache, mask, _ = prefill([50, 51, 52])  # 3 < 16 columns
     fast.join(cache, mask, max_rows=3)
     assert fast.length == 16 and torch.isneginf(fast.bias[2, 0, 0, :13]).all()
+    assert fast.keys[0].size(0) == 3  # twice 2 rows, but at most 3
     steps(2)
     cache, mask, _ = prefill([60, 61, 62, 63, 64, 65])
     fast.join(cache, mask)
+    assert fast.keys[0].size(0) == 6 and fast.rows == 4
     steps(1)
     order = fast.select([0, 2, 3])  # B leaves; the last row (D) takes its place
     assert order == [0, 3, 2]
     rows[:] = [rows[i] for i in order]
     assert fast.length == 19  # the 4 leading columns only B used are under a quarter of 19: kept
     steps(2)
-    order = fast.select([2])  # A and D leave: C remains
-    assert order == [2]
+    # E: into row 3, which still holds D's old state (D's bias masks 12 columns, E needs 9 masked)
+    cache, mask, _ = prefill(list(range(70, 82)))
+    fast.join(cache, mask)
+    assert fast.rows == 4 and fast.keys[0].size(0) == 6
+    steps(2)
+    order = fast.select([2, 3])  # A and D leave: C and E remain
+    assert order == [2, 3]
     rows[:] = [rows[i] for i in order]
-    assert fast.length == 21 - 13  # the 13 columns before C's prompt were only A's, B's and D's
+    assert fast.length == 23 - 9  # the 9 columns before E's prompt (and C's) were only A's, B's and D's
     steps(3)
 
 
