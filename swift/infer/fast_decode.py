@@ -187,10 +187,8 @@ class FastDecoder:
         theirs.zero_()
         theirs[..., :length - width] = float("-inf")
         theirs[:, 0, 0, length - width:length].masked_fill_(mask == 0, float("-inf"))
-        for t, new in zip(keys, [layer.keys for layer in cache.layers]):
-            t[running:total, :, :length - width] = 0
-            t[running:total, :, length - width:length] = new
-        for t, new in zip(values, [layer.values for layer in cache.layers]):
+        news = [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]
+        for t, new in zip(keys + values, news):
             t[running:total, :, :length - width] = 0
             t[running:total, :, length - width:length] = new
         self.keys, self.values, self.bias, self.length, self.rows = keys, values, bias, length, total
