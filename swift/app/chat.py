@@ -140,8 +140,8 @@ def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, st
             return
         history = [*history, {"role": "user", "content": text}]
         yield "", history, ""
-        async for shown, err in answer(history, *settings):
-            yield "", shown, err
+        async for shown, err in answer(history, *settings):  # the box is left alone: the next question may be typed there
+            yield gr.update(), shown, err
 
     async def regenerate_answer(history: list, *settings):
         while history and history[-1]["role"] == "assistant":
@@ -154,7 +154,10 @@ def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, st
             yield shown, err
 
     settings = [system_box, temperature_box, top_p_box, max_tokens_box, adapter_box]
-    events = [trigger(send_message, [message, chatbot, *settings], [message, chatbot, error])
+    # a message sent while the last answer is still finishing runs right after it (gradio's default,
+    # "once", would drop it and leave the text in the box)
+    events = [trigger(send_message, [message, chatbot, *settings], [message, chatbot, error],
+                      trigger_mode="always_last")
               for trigger in (message.submit, send.click)]
     events.append(regenerate.click(regenerate_answer, [chatbot, *settings], [chatbot, error]))
     stop.click(None, cancels=events)

@@ -2,8 +2,11 @@
 the page, streamed; an unreachable --base_url shows one error line and the page keeps working."""
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -56,6 +59,7 @@ def test_the_page_streams_the_quickstart_models_answer(quickstart, browser, tmp_
     url, proc = start_page("app", "--model", model, "--max_new_tokens", "16", "--studio_title", "swift quickstart",
                            log=str(tmp_path / "app.log"))
     try:
+        browser.get_log("browser")  # what earlier pages logged is not this page's
         browser.get(url)
         wait_for(lambda: element(browser, "message", "textarea"), what="the message box")
         type_into(browser, "message", "12+34=", enter=True)
@@ -101,3 +105,57 @@ def test_an_unreachable_base_url_is_one_line_on_the_page(browser, tmp_path):
         assert proc.poll() is None
     finally:
         stop_page(proc)
+
+
+class _SlowServer(BaseHTTPRequestHandler):
+    """An OpenAI-compatible stand-in whose streamed answer takes two seconds and says how many
+    messages it was sent."""
+
+    def do_GET(self):
+        self._send(200, "application/json", json.dumps({"data": [{"id": "slow"}]}).encode())
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for piece in ("seen ", str(len(body["messages"])), " messages", "."):
+            chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(0.5)
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def _send(self, code, kind, data):
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_question_typed_while_the_answer_streams_is_kept_and_sent_after_it(browser, tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url, proc = start_page("app", "--base_url", f"http://127.0.0.1:{server.server_port}/v1",
+                           log=str(tmp_path / "app.log"))
+    try:
+        browser.get(url)
+        wait_for(lambda: element(browser, "message", "textarea"), what="the message box")
+        type_into(browser, "message", "first", enter=True)
+        wait_for(lambda: bot_messages(browser) and bot_messages(browser)[0].startswith("seen"), timeout=30,
+                 what="the first answer's start")
+        type_into(browser, "message", "second", enter=True)  # the first answer is still streaming
+        assert bot_messages(browser)[0] != "seen 1 messages.", "the stand-in answered too fast for this test"
+        # the next answer saw the whole first exchange: user, assistant, user
+        wait_for(lambda: bot_messages(browser) == ["seen 1 messages.", "seen 3 messages."], timeout=30,
+                 what="both answers")
+        assert element(browser, "message", "textarea").get_attribute("value") == ""
+        assert gradio_errors(browser) == []
+    finally:
+        browser.get("about:blank")  # leave the page before it stops: its closed stream is no later test's error
+        stop_page(proc)
+        server.shutdown()
