@@ -46,6 +46,18 @@ class ComposedArguments:
     def __post_init__(self) -> None:
         """Checks that span several parts."""
 
+    def refuse_unread(self, parts: tuple[str, ...], read: set[str], why: str) -> None:
+        """Stop on the first flag of `parts` (other than `read`) set away from its default: in this
+        mode nothing reads it. `why` ends the line (e.g. "does nothing with --eval_url: ...")."""
+        for part in parts:
+            obj = getattr(self, part)
+            for f in dataclasses.fields(self.parts[part]):
+                if f.name in read or f.name.startswith("_"):
+                    continue
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                if getattr(obj, f.name) != default:
+                    raise SwiftError(f"--{f.name} {why}")
+
     @classmethod
     def field_owners(cls) -> dict[str, str]:
         owners: dict[str, str] = {}

@@ -166,6 +166,9 @@ def load_questions(name: str, *, args: dict | None = None, use_hf: bool = False,
         bench = _guess(name)
     else:
         bench = benchmark(name)
+    if args.get("subset_list") and not os.path.isdir(args.get("local_path") or ""):
+        raise SwiftError(f"--eval_dataset_args {name}: subset_list picks the files of a local_path directory "
+                         "(<subset>.jsonl, <subset>_val.csv); without one it would change nothing")
     if bench.name == "arith" and "local_path" not in args:
         raw = iter_raw(DatasetSpec.parse("builtin:arith-sft:eval"))
     else:

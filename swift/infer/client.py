@@ -15,6 +15,20 @@ from swift.infer.protocol import Choice, InferEngine, InferRequest, InferRespons
 from swift.utils.registry import SwiftError
 
 
+# HTTP statuses that refuse one request (its prompt, its settings): other requests may still pass.
+# Any other status, an unreachable server or an answer that is not OpenAI's is the server failing.
+REFUSALS = frozenset({400, 413, 422})
+
+
+class ServerFailure(SwiftError):
+    """The server could not be reached or failed (not a refusal of this one request)."""
+
+
+def _http_error(flag: str, where: str, e: urllib.error.HTTPError) -> SwiftError:
+    kind = SwiftError if e.code in REFUSALS else ServerFailure
+    return kind(f"{flag} {where}: HTTP {e.code}: {_error_message(e)}")
+
+
 def api_base(url: str) -> str:
     """`http://host:port`, `.../v1` or `.../v1/chat/completions` → the `.../v1` base."""
     url = url.rstrip("/")
@@ -57,12 +71,12 @@ class ClientEngine(InferEngine):
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read())
         except json.JSONDecodeError as e:
-            raise SwiftError(f"{self.flag} {self.base}{path}: the answer is not JSON ({e})") from None
+            raise ServerFailure(f"{self.flag} {self.base}{path}: the answer is not JSON ({e})") from None
         except urllib.error.HTTPError as e:
-            raise SwiftError(f"{self.flag} {self.base}{path}: HTTP {e.code}: {_error_message(e)}") from None
+            raise _http_error(self.flag, self.base + path, e) from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise SwiftError(f"{self.flag} {self.base}: cannot reach the server ({reason})") from None
+            raise ServerFailure(f"{self.flag} {self.base}: cannot reach the server ({reason})") from None
 
     def encode(self, request: InferRequest) -> list[int]:
         raise SwiftError(f"{self.flag}: the server tokenizes; there is no local tokenizer")
@@ -88,7 +102,7 @@ class ClientEngine(InferEngine):
             return InferResponse(choices=choices, prompt_tokens=usage.get("prompt_tokens", 0),
                                  completion_tokens=usage.get("completion_tokens", 0))
         except (KeyError, TypeError, AttributeError) as e:
-            raise SwiftError(f"{self.flag} {self.base}{path}: not an OpenAI completion ({type(e).__name__}: {e})") \
+            raise ServerFailure(f"{self.flag} {self.base}{path}: not an OpenAI completion ({type(e).__name__}: {e})") \
                 from None
 
     def close(self) -> None:
@@ -125,7 +139,7 @@ class ClientEngine(InferEngine):
                         yield StreamDelta(index=c.get("index", 0), text=text, token_ids=[],
                                           finish_reason=c.get("finish_reason"))
                 except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-                    raise SwiftError(f"{self.flag} {self.base}{path}: not an OpenAI stream ({type(e).__name__}: {e})") \
+                    raise ServerFailure(f"{self.flag} {self.base}{path}: not an OpenAI stream ({type(e).__name__}: {e})") \
                         from None
         finally:
             _close(response)
@@ -137,9 +151,9 @@ class ClientEngine(InferEngine):
         try:
             return urllib.request.urlopen(request, timeout=self.timeout)
         except urllib.error.HTTPError as e:
-            raise SwiftError(f"{self.flag} {self.base}{path}: HTTP {e.code}: {_error_message(e)}") from None
+            raise _http_error(self.flag, self.base + path, e) from None
         except (urllib.error.URLError, OSError) as e:
-            raise SwiftError(f"{self.flag} {self.base}: cannot reach the server ({getattr(e, 'reason', e)})") from None
+            raise ServerFailure(f"{self.flag} {self.base}: cannot reach the server ({getattr(e, 'reason', e)})") from None
 
     def _headers(self) -> dict[str, str]:
         return {"Content-Type": "application/json",

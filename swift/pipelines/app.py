@@ -82,15 +82,8 @@ class AppArguments(ComposedArguments):
                     raise SwiftError(f"--{flag} applies to training; the chat page does not read it")
             if not self.model and not self.adapters:
                 raise SwiftError("swift app needs --model (or --adapters), or --base_url")
-        for part in parts:
-            obj, cls = getattr(self, part), self.parts[part]
-            for f in dataclasses.fields(cls):
-                if f.name in read or f.name.startswith("_"):
-                    continue
-                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                if getattr(obj, f.name) != default:
-                    raise SwiftError(f"--{f.name} does nothing with --base_url: the server at {self.base_url} "
-                                     "loads and runs the model")
+        self.refuse_unread(parts, read, f"does nothing with --base_url: the server at {self.base_url} loads and "
+                                        "runs the model")
 
 
 @dataclass

@@ -101,6 +101,17 @@ class EvalArguments(ComposedArguments):
         "eval_args": EvalOptions,
     }
 
+    def __post_init__(self) -> None:
+        """Refuse what this run does not read: with --eval_url the server loads, templates and
+        batches (only --model, picking one of its models, and --use_hf, for the benchmarks' files, are
+        read); --eval_num_proc is the requests in flight to a server."""
+        if self.eval_url:
+            self.refuse_unread(("model_args", "template_args", "engine_args"), {"model", "use_hf", "external_plugins"},
+                               f"does nothing with --eval_url: the server at {self.eval_url} loads and runs the model")
+        elif self.eval_backend == "native" and self.eval_num_proc != 16:
+            raise SwiftError("--eval_num_proc is the requests in flight to --eval_url (or EvalScope's server); the "
+                             "model loaded here batches with --max_batch_size")
+
 
 def with_generation(config, generation: dict):
     """`config` with an `--eval_generation_config` mapping on top; also whether it set the length."""
@@ -130,7 +141,10 @@ class RequestFailed(SwiftError):
 def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit=None) -> list:
     """Every request through the engine concurrently, with a progress bar; a request the engine
     refuses or fails on gives its error instead of a response, and the others go on. When every
-    request failed inside the engine, the engine is broken: that error is raised."""
+    request failed inside the engine (or its server was unreachable or failing), the engine is
+    broken: that error is raised."""
+    from swift.infer.client import ServerFailure
+
     async def run():
         bar = tqdm(total=len(requests), desc=desc, dynamic_ncols=True)
 
@@ -138,6 +152,8 @@ def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit
             try:
                 r, c = (request, config) if explicit_max_tokens or fit is None else fit(request, config)
                 return await engine.infer_async(r, c)
+            except ServerFailure as e:  # unreachable, or failing: not this request's fault
+                return RequestFailed(str(e))
             except SwiftError as e:
                 return e
             except Exception as e:  # one failed request scores 0 and never takes its batch mates down

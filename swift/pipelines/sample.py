@@ -105,6 +105,20 @@ class SampleOptions:
             self.orm_model = "accuracy"
         if self.easy_query_threshold is not None and not self.orm_model:
             raise SwiftError("--easy_query_threshold counts answers that earn the outcome reward: give --orm_model")
+        unread = []
+        if self.sampler_type == "distill":  # the teacher's answers are kept unscored
+            unread = [("orm_model", None), ("prm_model", None), ("reward_model", None), ("easy_query_threshold", None),
+                      ("pair_min_margin", 0.0), ("prm_threshold", 0.0), ("step_separator", "\n")]
+            why = "does nothing with --sampler_type distill (the teacher's answers are kept unscored)"
+        elif not self.prm_model:
+            unread = [("prm_threshold", 0.0), ("step_separator", "\n")]
+            why = "applies to --prm_model's scores; there is no --prm_model"
+        for name, default in unread:
+            if getattr(self, name) != default:
+                raise SwiftError(f"--{name} {why}")
+        if self.sampler_engine == "no" and self.num_return_sequences != 64:
+            raise SwiftError("--num_return_sequences does nothing with --sampler_engine no (each row's own answer is "
+                             "scored)")
         if self.resume and self.override_exist_file:
             raise SwiftError("--resume continues the existing output file; --override_exist_file replaces it: give one")
 
@@ -120,6 +134,19 @@ class SampleArguments(ComposedArguments):
         "sample_args": SampleOptions,
     }
     defaults: ClassVar[dict[str, Any]] = {"temperature": 1.0}  # as ms-swift: sampling, not greedy
+
+    def __post_init__(self) -> None:
+        """Refuse what this run does not read: a client engine's server loads and runs the model
+        (--model picks one of its models; --template is the reward and process models' template).
+        Without --seed, ms-swift's 42: an unseeded run is reproducible and resumable too."""
+        if self.seed is None:
+            self.seed = 42
+        if self.sampler_engine == "client":
+            served = self.sample_args.engine_options.get("model")
+            if served and self.model and served != self.model:
+                raise SwiftError(f"--model {self.model} and --engine_kwargs model {served}: give the served model once")
+            self.refuse_unread(("model_args", "engine_args"), {"model", "use_hf", "external_plugins"},
+                               "does nothing with --sampler_engine client: the server loads and runs the model")
 
 
 SamplingArguments = SampleArguments  # ms-swift's name
@@ -169,7 +196,7 @@ def fingerprint(a, n_rows: int) -> dict:
     agree on all of it (values as JSON keeps them)."""
     settings = {f.name: getattr(a, f.name) for part in SampleArguments.parts.values() for f in dataclasses.fields(part)
                 if f.name not in NOT_IN_FINGERPRINT}
-    settings.update(seed=a.seed if a.seed is not None else 42, rows=n_rows)
+    settings.update(seed=a.seed, rows=n_rows)
     # the server a client engine asks, not its key (the file is no place for secrets) nor how it is asked
     settings["engine_kwargs"] = {k: v for k, v in a.sample_args.engine_options.items()
                                  if not k.endswith(("key", "token")) and k not in ENGINE_OPTIONS_NOT_IN_FINGERPRINT}
@@ -220,9 +247,10 @@ class Scorer:
     """Sums the configured rewards for each answer; an answer under --prm_threshold gets None."""
 
     def __init__(self, a):
-        from swift.rewards.manager import build_reward_funcs
+        from swift.rewards.manager import RewardManager, build_reward_funcs
 
-        self.orm = build_reward_funcs([a.orm_model], a)[0][1] if a.orm_model else None
+        # as in GRPO: async functions awaited, None read as "no reward for this answer", a failure named
+        self.orm = RewardManager(build_reward_funcs([a.orm_model], a)) if a.orm_model else None
         self.rm = build_reward_funcs([], a, reward_model=a.reward_model)[0][1] if a.reward_model else None
         self.prm = None
         if a.prm_model:
@@ -232,10 +260,11 @@ class Scorer:
         self.threshold = a.prm_threshold
 
     def __call__(self, messages: list[dict], answers: list[str], columns: dict) -> tuple[list, list]:
-        """(total score or None per answer, outcome reward per answer or None)."""
+        """(total score or None per answer, outcome reward per answer — NaN where the function gave
+        None — or None without --orm_model)."""
         n = len(answers)
         cols = {k: [v] * n for k, v in columns.items()}
-        outcome = [float(x) for x in self.orm(answers, messages=[messages] * n, **cols)] if self.orm else None
+        outcome = self.orm(answers, {**cols, "messages": [messages] * n})[1][0] if self.orm else None
         totals = [0.0] * n
         if outcome:
             totals = [t + o for t, o in zip(totals, outcome)]
@@ -279,7 +308,7 @@ def build_sample_engine(a):
         from swift.infer.client import ClientEngine
 
         o = a.sample_args.engine_options
-        return ClientEngine(o["base_url"], api_key=o.get("api_key"), model=o.get("model"),
+        return ClientEngine(o["base_url"], api_key=o.get("api_key"), model=o.get("model") or a.model,
                             concurrency=int(o.get("concurrency", 16)), flag="--engine_kwargs base_url"), None
     from swift.infer.factory import build_engine
 
@@ -302,7 +331,7 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
     from swift.dataset.loader import load_rows
 
     a = resolve_args(SampleArguments, args, "swift sample")
-    rows = load_rows(a.dataset, strict=a.strict, seed=a.seed if a.seed is not None else 42)
+    rows = load_rows(a.dataset, strict=a.strict, seed=a.seed)
     rows.report("sample dataset")
     indices = list(shard(len(rows), *a.data_range) if a.data_range else range(len(rows)))
     path, pairs_path = output_paths(a)
@@ -311,9 +340,10 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
     existing = [p for p in (path, *side.values()) if os.path.exists(p)]
     if existing and not (a.resume or a.override_exist_file):
         raise SwiftError(f"{existing[0]} exists; --resume continues it, --override_exist_file replaces it")
-    if rows.rows and "row_index" in rows.rows[0]:
-        raise SwiftError(f"{a.dataset[0]}: the rows have a 'row_index' column, which swift sample writes (the "
-                         "prompt's index); rename that column")
+    named = next((rows.origins[i] for i, r in enumerate(rows.rows) if "row_index" in r), None)
+    if named:
+        raise SwiftError(f"{named}: a 'row_index' column, which swift sample writes (the prompt's index); rename that "
+                         "column")
     expected = fingerprint(a, len(rows))
     finished = prepare_resume(path, expected) if a.resume and existing else set()
     todo = [i for i in indices if i not in finished]
@@ -339,7 +369,12 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
         if engine is not None:
             engine.close()
     logger.info(f"sample: {counts['prompts']} prompts → {counts['kept']} rows in {path}, {counts['pairs']} pairs in "
-                f"{pairs_path}; skipped {counts['skipped_easy']} easy, {counts['skipped_other']} without a usable answer")
+                f"{pairs_path}; skipped {counts['skipped_easy']} easy, {counts['skipped_other']} without a usable answer"
+                + (f"; {counts['failed']} failed (warned above, not written: --resume tries them again)"
+                   if counts["failed"] else ""))
+    first_failure = counts.pop("first_failure")
+    if counts["prompts"] and counts["failed"] == counts["prompts"]:
+        raise SwiftError(f"swift sample: every prompt failed (first: {first_failure})")
     return {"output_file": path, "pairs_file": pairs_path, **counts}
 
 
@@ -350,7 +385,15 @@ def _sample(a, rows, todo, *, engine, adapter, config, scorer, paths) -> dict:
     from swift.pipelines.infer import fit_to_context
 
     path, pairs_path, skipped_path, progress_path = paths
-    counts = {"prompts": 0, "kept": 0, "pairs": 0, "skipped_easy": 0, "skipped_other": 0, "failed": 0}
+    counts = {"prompts": 0, "kept": 0, "pairs": 0, "skipped_easy": 0, "skipped_other": 0, "failed": 0,
+              "first_failure": None}
+
+    def fail(i: int, error: SwiftError) -> None:
+        """A prompt that failed (its request, or scoring its answers): stop under --strict, else warn."""
+        if a.strict:
+            raise SwiftError(f"{rows.origins[i]}: {error}")
+        logger.warning(f"{rows.origins[i]}: {error}")
+        counts["first_failure"] = counts["first_failure"] or f"{rows.origins[i]}: {error}"
     bar = tqdm(total=len(todo), desc="sample", dynamic_ncols=True)
     try:
         for start in range(0, len(todo), a.num_sampling_batch_size):
@@ -368,9 +411,7 @@ def _sample(a, rows, todo, *, engine, adapter, config, scorer, paths) -> dict:
                 answers = []
                 for i, response in zip(batch, responses):
                     if isinstance(response, SwiftError):
-                        if a.strict:
-                            raise SwiftError(f"{rows.origins[i]}: {response}")
-                        logger.warning(f"{rows.origins[i]}: {response}")
+                        fail(i, response)
                         answers.append(None)
                     else:
                         answers.append([c.text for c in response.choices])
@@ -384,7 +425,12 @@ def _sample(a, rows, todo, *, engine, adapter, config, scorer, paths) -> dict:
                     kept, pair, why = [{"messages": [*messages, {"role": "assistant", "content": t}], "score": None}
                                        for t in dict.fromkeys(texts) if t.strip()][:a.n_best_to_keep], None, None
                 else:
-                    totals, outcome = scorer(messages, texts, columns)
+                    try:
+                        totals, outcome = scorer(messages, texts, columns)
+                    except SwiftError as e:  # this prompt's answers could not be scored: the others go on
+                        fail(i, e)
+                        counts["failed"] += 1
+                        continue
                     kept, pair, why = select(messages, texts, totals, outcome, a)
                 extra = {k: v for k, v in columns.items() if k not in ("rejected_response",)}
                 if pair:

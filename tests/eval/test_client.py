@@ -16,6 +16,7 @@ from swift.pipelines.eval import generate
 class Handler(BaseHTTPRequestHandler):
     in_flight = peak = 0
     target, hold = 1, 5.0
+    status = 200  # of every POST, 0: closed unanswered (the questions "refuse" and "fail" get 400 and 500)
     arrived = threading.Condition()
 
     def log_message(self, *args):
@@ -43,7 +44,17 @@ class Handler(BaseHTTPRequestHandler):
         with cls.arrived:
             cls.in_flight -= 1
         question = body["messages"][-1]["content"]
-        if question == "malformed":
+        status = {"refuse": 400, "fail": 500}.get(question, cls.status)
+        if status == 0:  # no answer: the connection is closed
+            self.close_connection = True
+        elif status != 200:
+            data = json.dumps({"error": {"message": f"status {status}"}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif question == "malformed":
             self.answer({"choices": "not a list"})
         else:
             self.answer({"choices": [{"index": 0, "message": {"role": "assistant", "content": question.upper()},
@@ -53,7 +64,7 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture()
 def server():
     Handler.in_flight = Handler.peak = 0
-    Handler.target, Handler.hold = 1, 5.0
+    Handler.target, Handler.hold, Handler.status = 1, 5.0, 200
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -115,6 +126,44 @@ def test_eval_with_a_broken_engine_stops_and_leaves_nothing(server, tmp_path, mo
 
     monkeypatch.setattr(ClientEngine, "infer_async", broken)
     with pytest.raises(SwiftError, match="every request failed in the engine"):
+        eval_main(["--eval_url", server, "--eval_dataset", "arith", "--eval_limit", "3",
+                   "--eval_output_dir", str(tmp_path / "out")])
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_refusal_fails_its_request_and_a_failing_server_is_the_engine_failing(server):
+    from swift.pipelines.eval import RequestFailed
+
+    engine = ClientEngine(server)
+    try:
+        requests = [InferRequest(messages=[{"role": "user", "content": q}]) for q in ("ok", "refuse", "fail")]
+        ok, refused, failed = generate(engine, requests, RequestConfig(max_tokens=4), True, desc="client")
+    finally:
+        engine.close()
+    assert ok.choices[0].text == "OK"
+    assert "HTTP 400" in str(refused) and not isinstance(refused, RequestFailed)
+    assert "HTTP 500" in str(failed) and isinstance(failed, RequestFailed)
+
+
+def test_eval_against_a_failing_server_stops_and_leaves_nothing(server, tmp_path):
+    """Every answer an HTTP 500: no report of zeros, the run stops with the server's error."""
+    from swift.pipelines.eval import eval_main
+    from swift.utils.registry import SwiftError
+
+    Handler.status = 500
+    with pytest.raises(SwiftError, match="every request failed in the engine.*HTTP 500"):
+        eval_main(["--eval_url", server, "--eval_dataset", "arith", "--eval_limit", "3",
+                   "--eval_output_dir", str(tmp_path / "out")])
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_eval_against_a_server_that_drops_every_request_stops_and_leaves_nothing(server, tmp_path):
+    """The server lists its models, then closes every request's connection unanswered."""
+    from swift.pipelines.eval import eval_main
+    from swift.utils.registry import SwiftError
+
+    Handler.status = 0
+    with pytest.raises(SwiftError, match="every request failed in the engine.*cannot reach the server"):
         eval_main(["--eval_url", server, "--eval_dataset", "arith", "--eval_limit", "3",
                    "--eval_output_dir", str(tmp_path / "out")])
     assert os.listdir(tmp_path / "out") == []

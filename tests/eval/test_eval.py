@@ -185,6 +185,14 @@ def test_pass_at_k_from_sampled_answers(tmp_path, quickstart):
     (["--eval_dataset", "arith", "--eval_generation_config", '{"beams": 4}'], "--eval_generation_config: unknown key 'beams'"),
     (["--eval_dataset", "general_qa"], "--eval_dataset general_qa needs a file"),
     (["--eval_dataset", "arith", "--eval_backend", "OpenCompass"], "--eval_backend OpenCompass is an ms-swift backend"),
+    # flags nothing reads in this run
+    (["--eval_dataset", "arith", "--eval_url", "http://127.0.0.1:9/v1", "--template", "qwen"],
+     "--template does nothing with --eval_url: the server at http://127.0.0.1:9/v1 loads and runs the model"),
+    (["--eval_dataset", "arith", "--eval_url", "http://127.0.0.1:9/v1", "--infer_backend", "vllm"],
+     "--infer_backend does nothing with --eval_url"),
+    (["--eval_dataset", "arith", "--eval_num_proc", "4"], "--eval_num_proc is the requests in flight to --eval_url"),
+    (["--eval_dataset", "arith", "--eval_dataset_args", '{"arith": {"subset_list": ["main"]}}'],
+     "--eval_dataset_args arith: subset_list picks the files of a local_path directory"),
 ])
 def test_bad_input_stops_before_any_model_loads(tmp_path, argv, message):
     """Through eval_main, as the CLI calls it; nothing is written (no report directory)."""

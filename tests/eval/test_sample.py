@@ -199,6 +199,18 @@ def test_client_engine_and_distill_from_a_deployed_teacher(tmp_path, quickstart)
     (["--sampler_engine", "client"], "--sampler_engine client needs --engine_kwargs"),
     (["--data_range", "2", "2"], "--data_range 2 2: give I N with 0 <= I < N"),
     (["--easy_query_threshold", "0.5"], "--easy_query_threshold counts answers that earn the outcome reward"),
+    # flags nothing reads in this run
+    (["--sampler_type", "distill", "--sampler_engine", "client", "--engine_kwargs", '{"base_url": "http://h:1/v1"}',
+      "--orm_model", "accuracy"], "--orm_model does nothing with --sampler_type distill"),
+    (["--sampler_type", "distill", "--sampler_engine", "client", "--engine_kwargs", '{"base_url": "http://h:1/v1"}',
+      "--pair_min_margin", "0.5"], "--pair_min_margin does nothing with --sampler_type distill"),
+    (["--prm_threshold", "0.3"], "--prm_threshold applies to --prm_model's scores; there is no --prm_model"),
+    (["--sampler_engine", "no", "--num_return_sequences", "4"], "--num_return_sequences does nothing with "
+                                                                "--sampler_engine no"),
+    (["--sampler_engine", "client", "--engine_kwargs", '{"base_url": "http://h:1/v1"}', "--adapters", "a"],
+     "--adapters does nothing with --sampler_engine client"),
+    (["--sampler_engine", "client", "--engine_kwargs", '{"base_url": "http://h:1/v1", "model": "m"}'],
+     "--model builtin:tiny-chat and --engine_kwargs model m: give the served model once"),
 ])
 def test_bad_flags_are_one_line(argv, message):
     from swift.arguments.parser import parse_args
@@ -231,3 +243,48 @@ def test_the_resume_fingerprint_keeps_secrets_out_and_reads_older_files(tmp_path
     (tmp_path / "sample_progress.jsonl").write_text(json.dumps({"fingerprint": older}) + "\n")
     with pytest.raises(SwiftError, match=r"--seed 7 \(now 42\)"):
         prepare_resume(str(out), expected)
+
+
+def test_answers_the_reward_cannot_score_fail_their_prompt_alone(tmp_path):
+    """A reward that returns None for some answers (no reward: those answers are not kept) and a row
+    it cannot read (no `solution`: that prompt fails with a warning, is not written and is counted);
+    the run goes on. A dataset it can read in no row: every prompt failed, one line, non-zero."""
+    from swift.pipelines.sample import sample_main
+
+    plugin = tmp_path / "rw.py"
+    plugin.write_text("def half(completions, solution, **kwargs):  # conversational rows: TRL's message lists\n"
+                      "    texts = [c[-1]['content'] for c in completions]\n"
+                      "    return [None if i % 2 else float(t.strip() == s) for i, (t, s) in enumerate(zip(texts, solution))]\n")
+    data = tmp_path / "rows.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"{i}+1="}], "solution": str(i + 1)} for i in range(3)]
+    del rows[1]["solution"]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["--model", "builtin:tiny-chat", "--num_return_sequences", "4", "--max_new_tokens", "3",
+              "--num_sampling_batch_size", "1"]
+    out = sample_main([*common, "--dataset", str(data), "--orm_model", f"{plugin}:half", "--output_dir",
+                       str(tmp_path / "out")])
+    assert out["prompts"] == 3 and out["failed"] == 1
+    written = rows_of(tmp_path / "out" / "sample.jsonl") if os.path.exists(tmp_path / "out" / "sample.jsonl") else []
+    skipped = rows_of(tmp_path / "out" / "sample_skipped.jsonl") if os.path.exists(
+        tmp_path / "out" / "sample_skipped.jsonl") else []
+    assert {r["row_index"] for r in written + skipped} == {0, 2}  # the unreadable second row is in neither
+    assert {r["row_index"] for r in rows_of(tmp_path / "out" / "sample_progress.jsonl")[1:]} == {0, 2}
+    assert len(written) <= 2 * len({r["row_index"] for r in written})  # at most the two scored answers of each
+    for r in rows:
+        r.pop("solution", None)
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SwiftError, match="every prompt failed .*missing 1 required positional argument: 'solution'"):
+        sample_main([*common, "--dataset", str(data), "--orm_model", f"{plugin}:half", "--output_dir",
+                     str(tmp_path / "none")])
+
+
+def test_a_row_index_column_in_any_row_is_refused(tmp_path):
+    from swift.pipelines.sample import sample_main
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"{i}+1="}]} for i in range(3)]
+    rows[2]["row_index"] = 7
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SwiftError, match="rows.jsonl row 3: a 'row_index' column"):  # origins count from 1
+        sample_main(["--model", "builtin:tiny-chat", "--dataset", str(data), "--output_dir", str(tmp_path / "out")])
+    assert not os.path.exists(tmp_path / "out")
