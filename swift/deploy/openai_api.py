@@ -17,7 +17,14 @@ from swift.utils.registry import SwiftError
 NOT_IMPLEMENTED = {"logit_bias_type": lambda v: v is None,
                    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
                    "best_of": lambda v: v in (None, 1),
-                   "suffix": lambda v: not v}
+                   "suffix": lambda v: not v,
+                   "min_p": lambda v: v == 0,
+                   "modalities": lambda v: v == ["text"],
+                   "audio": lambda v: False,
+                   "reasoning_effort": lambda v: False,
+                   "prediction": lambda v: False,
+                   "web_search_options": lambda v: False,
+                   "parallel_tool_calls": lambda v: v is True}  # false would promise at most one call
 
 
 def check_fields(body: dict) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
@@ -15,7 +16,7 @@ from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
 from swift.serving.errors import RequestError, add_error_handlers, error, internal_error
 from swift.serving.guard import Guard, ServingLimits, read_body, timed_out
-from swift.serving.jobs import ClientGone, while_client_waits
+from swift.serving.jobs import ClientGone, JobControl, JobStopped, while_client_waits
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -233,16 +234,22 @@ def add_reward_routes(app: FastAPI, scorer: RewardScorer | None, served_model_na
                       limits: ServingLimits) -> None:
     """POST /v1/rewards and OpenRLHF's POST /get_reward, answered by a seq_cls model."""
 
-    async def rewards(texts_of) -> list[float]:
+    async def rewards(request: Request, texts_of) -> list[float]:
         if scorer is None:
             raise RequestError("this server hosts a generative model; start it with --task_type seq_cls for rewards")
         texts = texts_of(scorer)
         if len(texts) > limits.max_rows_per_request:
             raise RequestError(f"{len(texts)} texts to score, above this server's limit of "
                                f"{limits.max_rows_per_request} (--max_rows_per_request)")
+        # the scoring thread stops between batches once its client has left or its time is up (a thread
+        # cannot be cancelled: without this it went on holding the scorer, and every later request waited)
+        control = JobControl(deadline=time.time() + limits.request_timeout)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(scorer.score, texts), limits.request_timeout)
-        except asyncio.TimeoutError:
+            return await while_client_waits(request, asyncio.to_thread(scorer.score, texts, control),
+                                            limits.request_timeout, on_stop=control.cancelled.set)
+        except ClientGone:
+            raise RequestError("the client closed the connection", status=499, code="client_closed_request") from None
+        except (asyncio.TimeoutError, JobStopped):
             raise timed_out(limits.request_timeout) from None
 
     @app.post("/v1/rewards")
@@ -258,9 +265,9 @@ def add_reward_routes(app: FastAPI, scorer: RewardScorer | None, served_model_na
                 if isinstance(conversations[0], dict):
                     conversations = [conversations]
                 requests = [api.chat_request({"messages": m}, None) for m in conversations]
-                values = await rewards(lambda s: [s.render(r.messages) for r in requests])
+                values = await rewards(request, lambda s: [s.render(r.messages) for r in requests])
             else:
-                values = await rewards(lambda s: _texts(body, "input"))
+                values = await rewards(request, lambda s: _texts(body, "input"))
         except RequestError as e:
             return error(e)
         return {"object": "list", "model": body.get("model") or served_model_name, "rewards": values,
@@ -271,7 +278,7 @@ def add_reward_routes(app: FastAPI, scorer: RewardScorer | None, served_model_na
         """OpenRLHF's remote reward model protocol: {"query": [text, ...]} -> {"rewards": [...]}."""
         try:
             body = await read_body(request)
-            values = await rewards(lambda s: _texts(body, "query"))
+            values = await rewards(request, lambda s: _texts(body, "query"))
         except RequestError as e:
             return error(e)
         return {"rewards": values, "scores": values}

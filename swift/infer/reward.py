@@ -5,6 +5,7 @@ import threading
 
 import torch
 
+from swift.serving.jobs import JobControl
 from swift.template.base import Template
 
 
@@ -23,11 +24,15 @@ class RewardScorer:
         return self.template.render(self.template.with_system(messages))[0]
 
     @torch.inference_mode()
-    def score(self, texts: list[str]) -> list[float]:
+    def score(self, texts: list[str], control: JobControl | None = None) -> list[float]:
+        """`control` (a server's job): its deadline or cancellation stops the scoring before the
+        next batch with JobStopped, so a request nobody waits for frees the scorer."""
         device = next(self.model.parameters()).device
         out: list[float] = []
         with self._lock:
             for start in range(0, len(texts), self.max_batch_size):
+                if control is not None:
+                    control.check()
                 enc = self.tokenizer(texts[start:start + self.max_batch_size], add_special_tokens=False, padding=True,
                                      truncation=True, max_length=self.max_length, return_tensors="pt").to(device)
                 logits = self.model(**enc).logits

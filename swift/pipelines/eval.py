@@ -362,6 +362,8 @@ def bar_chart(results: dict[str, dict], path: str) -> None:
 
 def eval_main(args: EvalArguments | list[str] | None = None) -> dict[str, Any]:
     a = resolve_args(EvalArguments, args, "swift eval")
+    if os.path.exists(a.eval_output_dir) and not os.path.isdir(a.eval_output_dir):
+        raise SwiftError(f"--eval_output_dir {a.eval_output_dir}: a file, not a directory")
     config, _ = request_config(a)  # a bad generation config stops here, before any model loads
     if config.n > 1 and not config.temperature:
         logger.warning(f"n={config.n} samples per question with temperature 0 are all the same greedy answer: "

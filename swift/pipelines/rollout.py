@@ -51,6 +51,18 @@ class RolloutArguments(ComposedArguments):
         "serving_limits": ServingLimits,
     }
 
+    def __post_init__(self) -> None:
+        """Refuse what a generation server does not read."""
+        import dataclasses
+
+        if self.task_type != "causal_lm":
+            raise SwiftError(f"--task_type {self.task_type}: swift rollout generates text (causal_lm)")
+        if self.num_labels is not None:
+            raise SwiftError("--num_labels applies to --task_type seq_cls / token_cls; swift rollout generates text")
+        training_only = {"truncation_strategy", "loss_scale"}
+        self.refuse_unread(("template_args",), {f.name for f in dataclasses.fields(TemplateArguments)} - training_only,
+                           "applies to training; swift rollout does not read it")
+
 
 def rollout_main(args: RolloutArguments | list[str] | None = None) -> None:
     import uvicorn

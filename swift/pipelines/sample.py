@@ -331,6 +331,8 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
     from swift.dataset.loader import load_rows
 
     a = resolve_args(SampleArguments, args, "swift sample")
+    if os.path.exists(a.output_dir) and not os.path.isdir(a.output_dir):
+        raise SwiftError(f"--output_dir {a.output_dir}: a file, not a directory")
     rows = load_rows(a.dataset, strict=a.strict, seed=a.seed)
     rows.report("sample dataset")
     indices = list(shard(len(rows), *a.data_range) if a.data_range else range(len(rows)))
@@ -349,6 +351,10 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
     todo = [i for i in indices if i not in finished]
     if a.num_sampling_batches is not None:
         todo = todo[:a.num_sampling_batches * a.num_sampling_batch_size]
+    if a.sampler_engine == "no":  # every row must bring the answer to score: checked before any is written
+        missing = next((rows.origins[i] for i in todo if prompt_of(rows.rows[i])[1] is None), None)
+        if missing:
+            raise SwiftError(f"--sampler_engine no scores the rows' own answers; {missing} has none")
     # bad sampling settings, reward names or models stop the run before the engine loads and
     # before any file is touched
     config = replace(a.generation_args.request_config(), n=1 if a.sampler_engine == "no" else a.num_return_sequences)

@@ -156,7 +156,8 @@ class RolloutClient:
                 self.group = None
                 raise SwiftError(f"rollout server {self.url}: {e}") from None
             bad = [rank for rank, value in enumerate(theirs) if value != mine]
-            if bad:
+            if bad:  # the sync is abandoned: the server, left with a mix of weights, stops generating
+                self.close()
                 raise SwiftError(f"rollout server {self.url}: weight sync checksum mismatch on worker(s) {bad} for "
                                  f"{metas[0]['name']} .. {metas[-1]['name']}")
 

@@ -134,23 +134,23 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
             else:
                 state.messages.append({"role": "assistant", "content": choice.text})
             texts[i], truncated[i] = state.messages[-1]["content"], choice.finish_reason == "length"
-            try:
+            try:  # the environment's step and its reply rendered: a failure ends this trajectory alone
                 if scheduler.check_finished(state, choice, turns[i]):
                     continue
                 state = scheduler.step(state, choice, turns[i])["infer_request"]
+                following = template.encode_continuation(state.messages, state.tools)
+                mask, lp = continued(ids[i], following, prompt_len[i], masks[i], lps[i],
+                                     f"multi-turn scheduler {type(scheduler).__name__}")
             except Exception as e:  # noqa: BLE001 - this trajectory's environment failed; the others go on
                 logger.error(f"multi-turn scheduler {type(scheduler).__name__} failed on a trajectory after turn "
                              f"{turns[i]}; it ends there: {type(e).__name__}: {e}", exc_info=e)
-                state.rollout_infos["rollout_error"] = type(e).__name__
+                states[i].rollout_infos["rollout_error"] = type(e).__name__
                 truncated[i] = True
                 continue
             if state is not states[i]:  # a scheduler that hands back a new request keeps the trajectory's identity
                 state.uid = states[i].uid
             states[i] = state
-            following = template.encode_continuation(state.messages, state.tools)
-            masks[i], lps[i] = continued(ids[i], following, prompt_len[i], masks[i], lps[i],
-                                         f"multi-turn scheduler {type(scheduler).__name__}")
-            ids[i] = following
+            masks[i], lps[i], ids[i] = mask, lp, following
             limit = prompt_len[i] + max_completion_length
             if context is not None:
                 limit = min(limit, context)

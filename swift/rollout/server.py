@@ -22,7 +22,8 @@ from fastapi.responses import JSONResponse
 
 from swift.infer.protocol import RequestConfig
 from swift.rollout.worker import worker_main
-from swift.rollout.sync_routes import add_weight_sync_routes
+from swift.rollout.sync_routes import _holder_gone, add_weight_sync_routes
+from swift.rollout.weight_sync import NothingLoaded
 from swift.serving.errors import RequestError, add_error_handlers
 from swift.serving.fields import chat_messages, checked_stop, flag, integer, number, tool_messages
 from swift.serving.guard import Guard, ServingLimits, read_body, timed_out
@@ -68,10 +69,13 @@ class WorkerHandle:
             try:  # the request may be cancelled at this very moment (its client left)
                 if err is None:
                     future.set_result(result)
+                elif kind == "stopped":
+                    future.set_exception(JobStopped(message))
+                elif kind == "nothing_loaded":  # a bucket that never reached the engine (its message is ours)
+                    future.set_exception(NothingLoaded(message))
                 else:
-                    future.set_exception(JobStopped(message) if kind == "stopped" else RequestError(
-                        message, status=400 if kind == "bad_request" else 500,
-                        code=None if kind == "bad_request" else "internal_error"))
+                    future.set_exception(RequestError(message, status=400 if kind == "bad_request" else 500,
+                                                      code=None if kind == "bad_request" else "internal_error"))
             except concurrent.futures.InvalidStateError:
                 pass
         self.alive = False
@@ -128,6 +132,27 @@ class RolloutServer:
         self.communicator: dict | None = None  # {"host", "port", "token"} of the trainer that holds it
         self.communicator_lock = asyncio.Lock()
         self.sync_error: str | None = None  # why the last communicator was closed by a failure
+        # a sync sent buckets and has not ended (/reset_prefix_cache/ ends one): the engines may hold a
+        # mix of old and new weights. While its trainer syncs, that is the trainer's to order (as with
+        # vLLM's server); once the sync is abandoned (failed, closed, or its trainer gone) nothing is
+        # generated until a sync completes
+        self.weights_partial = False
+        self.buckets_loaded = 0  # by the workers, in the sync under way
+
+    async def check_weights(self) -> None:
+        if not self.weights_partial:
+            return
+        c = self.communicator
+        if c is not None and await _holder_gone(c):
+            async with self.communicator_lock:
+                if self.communicator is c:
+                    self.communicator = None
+                    self.sync_error = self.sync_error or f"the trainer at {c['host']}:{c['port']} is gone"
+        if self.communicator is None:
+            why = f" ({self.sync_error})" if self.sync_error else ""
+            raise RequestError("the model holds half-updated weights: a weight sync loaded some of them and was "
+                               f"abandoned{why}; a trainer must complete a sync (/reset_prefix_cache/ ends one) "
+                               "before anything is generated", status=503, code="weights_partial")
 
     def wait_ready(self) -> None:
         infos = []
@@ -181,12 +206,20 @@ class RolloutServer:
         (that group is broken), never a later holder's."""
         token = (self.communicator or {}).get("token")
         for w in self.workers:
-            w.call(method, **kwargs).add_done_callback(lambda f: self._on_sync_done(f, token))
+            w.call(method, **kwargs).add_done_callback(lambda f: self._on_sync_done(f, token, method))
 
-    def _on_sync_done(self, future: concurrent.futures.Future, token: str | None) -> None:
-        if future.cancelled() or future.exception() is None:
+    def _on_sync_done(self, future: concurrent.futures.Future, token: str | None, method: str) -> None:
+        if future.cancelled():
             return
-        logger.error(f"weight sync failed: {future.exception()}")
+        error = future.exception()
+        if method == "receive":
+            if error is None:
+                self.buckets_loaded += 1
+            elif isinstance(error, NothingLoaded) and not self.buckets_loaded:
+                self.weights_partial = False  # the engines' weights are untouched
+        if error is None:
+            return
+        logger.error(f"weight sync failed: {error}")
         if self.communicator is not None and self.communicator.get("token") == token:
             self.communicator = None
             self.sync_error = str(future.exception())
@@ -227,7 +260,7 @@ def create_app(server: RolloutServer) -> FastAPI:
         dead = [w.rank for w in server.workers if not w.alive]
         if dead:
             return JSONResponse(RequestError(f"rollout workers {dead} exited", status=503).body(), status_code=503)
-        return {"status": "ok"}
+        return {"status": "ok", "weights": "partial" if server.weights_partial else "complete"}
 
     @app.get("/get_world_size/")
     async def get_world_size():
@@ -241,6 +274,7 @@ def create_app(server: RolloutServer) -> FastAPI:
     @app.post("/infer/")
     async def infer(request: Request):
         body = await read_body(request)
+        await server.check_weights()
         requests = body.get("infer_requests")
         if not isinstance(requests, list) or not requests:
             raise RequestError("infer_requests must be a non-empty list", "infer_requests")
@@ -269,6 +303,7 @@ def create_app(server: RolloutServer) -> FastAPI:
     @app.post("/generate/")
     async def generate(request: Request):
         body = await read_body(request)
+        await server.check_weights()
         prompts = body.get("prompts")
         if not isinstance(prompts, list) or not prompts or not all(
                 (isinstance(p, str) and p) or (isinstance(p, list) and p and all(

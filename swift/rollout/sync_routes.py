@@ -109,6 +109,7 @@ def add_weight_sync_routes(app: FastAPI, server: RolloutServer) -> None:
             validate_metadata(metadatas, server.info["shapes"])
         except (ValueError, TypeError) as e:
             raise RequestError(str(e), "metadatas") from None
+        server.weights_partial = True  # until /reset_prefix_cache/ ends the sync
         server.fire("receive", metadatas=metadatas)
         return {"message": "receiving", "numel": metadatas[-1]["end_idx"]}
 
@@ -133,7 +134,10 @@ def add_weight_sync_routes(app: FastAPI, server: RolloutServer) -> None:
     @app.post("/reset_prefix_cache/")
     async def reset_prefix_cache(request: Request):
         holder(request)
-        await server.all("reset_prefix_cache")
+        await server.all("reset_prefix_cache")  # waits behind every bucket sent before it
+        if server.communicator is None:  # a bucket failed meanwhile (its checksum, its group): not complete
+            raise RequestError(f"the weight sync failed: {server.sync_error}", status=409, code="sync_failed")
+        server.weights_partial, server.buckets_loaded = False, 0
         return {"success": True}
 
     @app.post("/close_communicator/")

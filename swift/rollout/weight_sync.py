@@ -55,17 +55,27 @@ def plan_buckets(named: list[tuple[str, torch.Tensor]], bucket_mb: float) -> lis
     return buckets
 
 
+class NothingLoaded(RuntimeError):
+    """A bucket that failed before any of it reached the engine (no group, a broadcast that failed)."""
+
+
 def validate_metadata(metadatas: list[dict], shapes: dict[str, list[int]]) -> torch.dtype:
     """Check an announced bucket against the engine's parameters; return its dtype. Raises
     ValueError naming the first bad entry (the server answers it with 400)."""
     if not metadatas:
         raise ValueError("metadatas is empty")
-    dtype, end = None, 0
+    dtype, end, seen = None, 0, set()
     for i, m in enumerate(metadatas):
         for key in ("name", "shape", "dtype", "start_idx", "end_idx"):
             if key not in m:
                 raise ValueError(f"metadatas[{i}] has no {key}")
         name, shape = m["name"], m["shape"]
+        for key in ("start_idx", "end_idx", "numel"):
+            if key in m and (isinstance(m[key], bool) or not isinstance(m[key], int)):
+                raise ValueError(f"metadatas[{i}] ({name}): {key} must be an integer")
+        if name in seen:
+            raise ValueError(f"metadatas[{i}]: {name!r} appears twice in one bucket")
+        seen.add(name)
         if name not in shapes:
             raise ValueError(f"metadatas[{i}]: the model has no parameter {name!r}")
         if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):

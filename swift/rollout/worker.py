@@ -3,6 +3,7 @@ process's commands (a reader thread takes cancel messages off the pipe while a j
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 import queue
 import threading
@@ -15,7 +16,7 @@ from swift.infer.protocol import InferRequest, RequestConfig
 from swift.infer.transformers_engine import TransformersEngine
 from swift.rollout.multi_turn import RolloutInferRequest, build_scheduler
 from swift.rollout.runner import rollout
-from swift.rollout.weight_sync import WeightGroup, parse_dtype, unflatten
+from swift.rollout.weight_sync import NothingLoaded, WeightGroup, parse_dtype, unflatten
 from swift.serving.errors import internal_error
 from swift.serving.jobs import JobControl, JobStopped
 from swift.utils.logging import get_logger
@@ -65,8 +66,10 @@ class _Worker:
               control: JobControl | None = None) -> list[dict]:
         cfg = RequestConfig(**config)
         requests = [RolloutInferRequest(**r) for r in requests]
-        first_turn = cfg if self.scheduler is None else replace(  # a multi-turn turn fits its budget
-            cfg, max_tokens=min(cfg.max_tokens, max_completion_length or cfg.max_tokens))
+        # the completion's budget: one answer's length when single-turn, every turn's together otherwise
+        first_turn = replace(cfg, max_tokens=min(cfg.max_tokens, max_completion_length or cfg.max_tokens))
+        if self.scheduler is None:
+            cfg = first_turn
         for i, r in enumerate(requests):  # before anything is generated
             try:
                 self.engine.check_text_length([m["content"] for m in r.messages])
@@ -78,16 +81,7 @@ class _Worker:
         trajectories = rollout(self.engine, self.engine.template, requests, cfg, n,
                                scheduler=self.scheduler,
                                max_completion_length=max_completion_length or cfg.max_tokens, control=control)
-        out = []
-        for t in trajectories:
-            d = asdict(t)
-            if d["logprobs"] is not None:  # JSON has no NaN: unknown log-probs travel as null
-                d["logprobs"] = [None if x != x else x for x in d["logprobs"]]
-            # ms-swift's names for the same things
-            d.update(message={"role": "assistant", "content": t.text}, response_token_ids=t.completion_ids,
-                     response_loss_mask=t.loss_mask, finish_reason="length" if t.truncated else "stop")
-            out.append(d)
-        return out
+        return [as_reply(t) for t in trajectories]
 
     def generate(self, prompts: list, config: dict, control: JobControl | None = None) -> dict:
         requests = [InferRequest(input_ids=p) if isinstance(p, list) else InferRequest(prompt=p) for p in prompts]
@@ -123,12 +117,18 @@ class _Worker:
         """One bucket: receive the flat tensor, load it into the engine, report its checksum."""
         if self.group is None and self.forming is not None:
             forming, self.forming = self.forming, None
-            self.group = forming.result()  # raises what forming the group raised
+            try:
+                self.group = forming.result()
+            except BaseException as e:  # what forming the group raised
+                raise NothingLoaded(str(e)) from None
         if self.group is None:
-            raise RuntimeError("no communicator: the trainer must call /init_communicator/ first")
+            raise NothingLoaded("no communicator: the trainer must call /init_communicator/ first")
         try:
             flat = torch.empty(metadatas[-1]["end_idx"], dtype=parse_dtype(metadatas[0]["dtype"]), device=self.device)
-            self.group.broadcast(flat)
+            try:
+                self.group.broadcast(flat)
+            except Exception as e:
+                raise NothingLoaded(str(e)) from None
             value = self.engine.load_weights(unflatten(flat, metadatas))
             self.group.gather_checksums(value)
             return value
@@ -209,6 +209,8 @@ def worker_main(args, rank: int, connection) -> None:
             answer(cid, ("stopped", e.reason), None)
         except SwiftError as e:  # the request's fault: the server answers 400
             answer(cid, ("bad_request", str(e)), None)
+        except NothingLoaded as e:  # a bucket that never reached the engine: its weights are untouched
+            answer(cid, ("nothing_loaded", str(e)), None)
         except Exception as e:
             incident = internal_error(f"rollout worker {rank}: {method}", e)  # logged here, in full
             answer(cid, ("error", str(incident)), None)
@@ -216,3 +218,27 @@ def worker_main(args, rank: int, connection) -> None:
             with lock:
                 controls.pop(cid, None)
     worker.engine.close()
+
+
+def as_reply(t) -> dict:
+    """A trajectory as /infer/ answers it: JSON-ready (no NaN anywhere), with ms-swift's names too."""
+    d = asdict(t)
+    if d["logprobs"] is not None:  # JSON has no NaN: unknown log-probs travel as null
+        d["logprobs"] = [None if x != x else x for x in d["logprobs"]]
+    d["rollout_infos"] = _finite(d["rollout_infos"])  # an environment's NaN or inf as well
+    # ms-swift's names for the same things
+    d.update(message={"role": "assistant", "content": t.text}, response_token_ids=t.completion_ids,
+             response_loss_mask=t.loss_mask, finish_reason="length" if t.truncated else "stop")
+    return d
+
+
+def _finite(value):
+    """`value` with every NaN or infinite float (in nested dicts, lists and tuples) as None: JSON has
+    neither, and one such number would fail the whole reply."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -69,3 +69,34 @@ def test_grpo_reward_model_local_and_remote_agree(reward_model):
     with deploy("--model", reward_model, "--task_type", "seq_cls") as base:
         remote = RemoteRewardModel(base)(completions, messages=messages)
     assert remote == pytest.approx(local, abs=1e-5)
+
+
+def test_a_reward_request_nobody_waits_for_stops_and_frees_the_scorer(reward_model):
+    """A request that runs past --request_timeout gets 504, and one whose client leaves is dropped:
+    either way its scoring stops at the next batch, so the next request is answered at once (before
+    2026-11-29 the scoring thread ran on holding the scorer, and later requests timed out behind it)."""
+    import socket
+    import time
+
+    big = {"query": ["1+1=2 " * 150] * 3000}  # ~2.7 MB, one text per batch: minutes of scoring
+    small = {"query": ["07+45=52"]}
+    with deploy("--model", reward_model, "--task_type", "seq_cls", "--max_batch_size", "1",
+                "--request_timeout", "2") as base:
+        start = time.time()
+        code, answer = post(base, "/get_reward", big)
+        assert code == 504 and time.time() - start < 30, answer
+        start = time.time()
+        code, _ = post(base, "/get_reward", small)
+        assert code == 200 and time.time() - start < 1.5
+    with deploy("--model", reward_model, "--task_type", "seq_cls", "--max_batch_size", "1",
+                "--request_timeout", "120") as base:
+        # a client that sends the big request and leaves after 0.5 s
+        host, port = base.split("//")[1].split(":")
+        data = json.dumps(big).encode()
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(f"POST /get_reward HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            time.sleep(0.5)
+        start = time.time()
+        code, _ = post(base, "/get_reward", small)
+        assert code == 200 and time.time() - start < 1.5

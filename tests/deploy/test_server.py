@@ -79,7 +79,7 @@ def test_usage_in_a_stream_and_neutral_values_of_unimplemented_fields(server):
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks[:-1]) == plain.choices[0].message.content
     neutral = c.chat.completions.create(**ask, presence_penalty=0, frequency_penalty=0, logit_bias={},
                                         response_format={"type": "text"}, tool_choice="none", n=1,
-                                        extra_body={"n": 2.0})
+                                        modalities=["text"], extra_body={"n": 2.0, "min_p": 0})
     assert len(neutral.choices) == 2 and neutral.choices[0].message.content == plain.choices[0].message.content
 
 

@@ -204,6 +204,20 @@ def test_bad_input_stops_before_any_model_loads(tmp_path, argv, message):
     assert not os.path.exists(tmp_path / "out")
 
 
+def test_an_output_dir_that_is_a_file_stops_before_any_model_loads(tmp_path):
+    from swift.pipelines.eval import eval_main
+    from swift.pipelines.sample import sample_main
+
+    taken = tmp_path / "qa.jsonl"
+    taken.write_text("kept\n")
+    with pytest.raises(SwiftError, match="--eval_output_dir .*qa.jsonl: a file, not a directory"):
+        eval_main(["--model", "builtin:tiny-chat", "--eval_dataset", "arith", "--eval_output_dir", str(taken)])
+    with pytest.raises(SwiftError, match="--output_dir .*qa.jsonl: a file, not a directory"):
+        sample_main(["--model", "builtin:tiny-chat", "--dataset", "builtin:arith-sft:eval#2", "--output_dir",
+                     str(taken)])
+    assert taken.read_text() == "kept\n"
+
+
 def test_the_cli_prints_one_line(tmp_path):
     proc = swift("eval", "--model", "builtin:tiny-chat", "--eval_dataset", "mmlu_pro")
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

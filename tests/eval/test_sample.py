@@ -288,3 +288,19 @@ def test_a_row_index_column_in_any_row_is_refused(tmp_path):
     with pytest.raises(SwiftError, match="rows.jsonl row 3: a 'row_index' column"):  # origins count from 1
         sample_main(["--model", "builtin:tiny-chat", "--dataset", str(data), "--output_dir", str(tmp_path / "out")])
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_scoring_own_answers_checks_every_row_has_one_before_writing(tmp_path):
+    """--sampler_engine no: a row without its own answer stops the run before anything is written
+    (before 2026-11-29 the rows before it were written first)."""
+    from swift.pipelines.sample import sample_main
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"{i}+1="}, {"role": "assistant", "content": str(i + 1)}],
+             "solution": str(i + 1)} for i in range(3)]
+    rows[2]["messages"].pop()
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SwiftError, match="rows.jsonl row 3 has none"):
+        sample_main(["--sampler_engine", "no", "--dataset", str(data), "--orm_model", "accuracy",
+                     "--num_sampling_batch_size", "1", "--output_dir", str(tmp_path / "out")])
+    assert not os.path.exists(tmp_path / "out")

@@ -283,3 +283,46 @@ def test_a_job_stops_between_turns_when_its_control_says_so(tokenizer):
         rollout(engine, template, requests, RequestConfig(max_tokens=8), 1, scheduler=scheduler,
                 max_completion_length=64, control=control)
     assert len(engine.prompts) == 1 and len(scheduler._envs) == 0  # one turn ran; its state was released
+
+
+def test_an_environment_that_rewrites_one_prompt_ends_that_trajectory_alone(tokenizer):
+    """The environment's step rewrites one trajectory's prompt, so its next turn's tokens no longer
+    continue what was generated: that trajectory ends there, the other runs its turns (before
+    2026-11-29 the rendering and this check ran outside the per-trajectory guard, and one such row
+    failed the whole /infer/)."""
+    template = get_template("chatml", tokenizer)
+
+    class Garbled(MultiTurnScheduler):
+        def step(self, infer_request, response_choice, current_turn):
+            if infer_request.data_dict["solution"] == "bad":
+                infer_request.messages[0] = {"role": "user", "content": "a rewritten prompt"}
+            infer_request.messages.append({"role": "user", "content": "again"})
+            return {"infer_request": infer_request}
+
+    engine = ScriptedEngine(tokenizer, ["1", "2", "3"])
+    requests = [RolloutInferRequest([{"role": "user", "content": "go"}], {"solution": s}) for s in ("ok", "bad")]
+    good, bad = rollout(engine, template, requests, RequestConfig(max_tokens=8), 1, scheduler=Garbled(max_turns=2),
+                        max_completion_length=32)
+    assert good.turns == 2 and "rollout_error" not in good.rollout_infos and not good.truncated
+    assert bad.turns == 1 and bad.truncated and "rollout_error" in bad.rollout_infos
+    assert bad.text == "2" and bad.completion_ids
+    assert bad.rollout_infos["rollout_error"] == "SwiftError"
+
+
+def test_an_environments_nan_travels_as_null_and_fails_no_reply():
+    """An environment that puts NaN or inf into a trajectory's rollout_infos (e.g. a reward it could not
+    compute): the /infer/ reply is still JSON (before 2026-11-29 the server's JSON encoder failed the
+    whole request on it)."""
+    import json as jsonlib
+    import math
+
+    from swift.rollout.runner import Trajectory
+    from swift.rollout.worker import as_reply
+
+    t = Trajectory([1, 2], [3], [1], "x", False, [{"role": "assistant", "content": "x"}],
+                   {"reward": float("nan"), "steps": [1.0, float("inf")], "env": {"score": -math.inf, "ok": 2.5}},
+                   logprobs=[float("nan")])
+    reply = as_reply(t)
+    jsonlib.dumps(reply, allow_nan=False)  # raises on any NaN or inf left
+    assert reply["rollout_infos"] == {"reward": None, "steps": [1.0, None], "env": {"score": None, "ok": 2.5}}
+    assert reply["logprobs"] == [None] and reply["finish_reason"] == "stop"

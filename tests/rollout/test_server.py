@@ -1,6 +1,7 @@
 """`swift rollout` as a real server process: endpoints, exact weight sync, faults, GRPO server mode."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ PROMPTS = [RolloutInferRequest(messages=[{"role": "user", "content": f"What is {
 
 
 def test_endpoints(server):
-    assert requests.get(server + "/health/").json() == {"status": "ok"}
+    assert requests.get(server + "/health/").json() == {"status": "ok", "weights": "complete"}
     assert requests.get(server + "/get_world_size/").json() == {"world_size": 2}
     info = requests.post(server + "/get_engine_type/").json()
     assert info["engine_type"] == "TransformersEngine" and info["enable_multi_turn"] is False
@@ -64,6 +65,16 @@ def test_endpoints(server):
     choice = outputs[0]["choices"][0]
     assert choice["response_token_ids"] == choice["completion_ids"]
     assert len(choice["response_loss_mask"]) == len(choice["completion_ids"]) and choice["message"]["role"] == "assistant"
+
+
+def test_max_completion_length_caps_a_single_turn_answer(server):
+    """/infer/'s max_completion_length is the completion's budget on a server without a multi-turn
+    scheduler too (before 2026-11-29 only multi-turn read it)."""
+    body = {"infer_requests": [{"messages": r.messages} for r in PROMPTS[:2]], "max_completion_length": 3,
+            "request_config": {"n": 2, "max_tokens": 40, "temperature": 1.0}}
+    outputs = requests.post(server + "/infer/", json=body).json()
+    lengths = [len(c["completion_ids"]) for o in outputs for c in o["choices"]]
+    assert len(lengths) == 4 and max(lengths) <= 3, lengths
 
 
 def test_weight_sync_is_exact_after_many_syncs(server):
@@ -86,6 +97,18 @@ def test_weight_sync_is_exact_after_many_syncs(server):
                 client.sync_weights(model)
         finally:
             client_module.checksum = original
+        # a sync abandoned after its first bucket (the trainer closed the communicator on the mismatch):
+        # nothing is generated from a mix of weights (before 2026-11-29 the server answered from it)
+        # until a sync completes
+        assert requests.get(server + "/health/").json() == {"status": "ok", "weights": "partial"}
+        for path, body in (("/infer/", {"infer_requests": [{"messages": PROMPTS[0].messages}]}),
+                           ("/generate/", {"prompts": ["1+1="], "max_tokens": 2})):
+            answer = requests.post(server + path, json=body)
+            assert answer.status_code == 503 and answer.json()["error"]["code"] == "weights_partial", answer.text
+        client.sync_weights(model)
+        assert requests.get(server + "/health/").json()["weights"] == "complete"
+        remote = client.rollout(PROMPTS, config, 1)
+        assert [t.completion_ids[:len(m)] for t, m in zip(remote, mine)] == mine
     finally:
         client.close()
 
@@ -113,6 +136,30 @@ def test_second_trainer_gets_409_until_the_first_leaves(server):
     third = RolloutClient(port=port_of(server), timeout=60)
     third.sync_weights(model)
     third.close()
+
+
+def test_a_trainer_gone_mid_sync_leaves_no_half_updated_model_serving(server):
+    """A trainer that loaded one bucket and died (its store stops listening, nothing closed): the
+    next generation request finds it gone and is refused with 503 until another trainer completes a
+    sync (before 2026-11-29 the mix of weights was served)."""
+    import gc
+
+    from swift.rollout.client import sync_state_dict
+
+    model, _ = perturbed_model(5)
+    trainer = RolloutClient(port=port_of(server), timeout=60)
+    trainer.init_communicator()
+    trainer._send(sync_state_dict(model, getattr(torch, trainer.info["dtype"]))[:1])  # one bucket, loaded
+    assert requests.get(server + "/health/").json()["weights"] == "partial"
+    trainer.group.close()  # it dies without a word
+    trainer.group = None
+    gc.collect()
+    answer = requests.post(server + "/generate/", json={"prompts": ["1+1="], "max_tokens": 2})
+    assert answer.status_code == 503 and "is gone" in answer.json()["error"]["message"], answer.text
+    other = RolloutClient(port=port_of(server), timeout=60)
+    other.sync_weights(model)
+    other.close()
+    assert requests.post(server + "/generate/", json={"prompts": ["1+1="], "max_tokens": 2}).status_code == 200
 
 
 @pytest.mark.parametrize("path,body", [
@@ -289,3 +336,36 @@ def test_multi_turn_scheduler_runs_in_the_server_worker(quickstart):
         worker.infer([{"messages": [{"role": "user", "content": "1+1="}], "data_dict": {"solution": "3"}},
                       {"messages": [{"role": "user", "content": "1+1="}], "data_dict": {"solution": "\\boxed{11}"}}],
                      {"max_tokens": 8, "temperature": 0.0}, 2, 64)
+
+
+@pytest.mark.parametrize("metadatas,message", [
+    ([{"name": "w", "dtype": "float32", "shape": [4], "start_idx": 0, "end_idx": 4.0}], "end_idx must be an integer"),
+    ([{"name": "w", "dtype": "float32", "shape": [4], "start_idx": 0, "end_idx": 4},
+      {"name": "w", "dtype": "float32", "shape": [4], "start_idx": 4, "end_idx": 8}], "'w' appears twice in one bucket"),
+    ([{"name": "w", "dtype": "float32", "shape": [4], "start_idx": 1, "end_idx": 5}], "do not describe 4 contiguous"),
+])
+def test_a_bucket_that_would_load_wrongly_is_refused_before_anything_is_received(metadatas, message):
+    """(the server answers these with 400, holding the communicator; a repeated name was loaded twice
+    and a float end_idx failed in the worker before 2026-11-29)"""
+    from swift.rollout.weight_sync import validate_metadata
+
+    with pytest.raises(ValueError, match=message):
+        validate_metadata(metadatas, {"w": [4], "v": [4]})
+    assert validate_metadata([{"name": "w", "dtype": "float32", "shape": [4], "start_idx": 0, "end_idx": 4},
+                              {"name": "v", "dtype": "float32", "shape": [4], "start_idx": 4, "end_idx": 8}],
+                             {"w": [4], "v": [4]}) == torch.float32
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--task_type", "seq_cls"], "--task_type seq_cls: swift rollout generates text (causal_lm)"),
+    (["--num_labels", "3"], "--num_labels applies to --task_type seq_cls / token_cls"),
+    (["--truncation_strategy", "left"], "--truncation_strategy applies to training; swift rollout does not read it"),
+    (["--loss_scale", "all"], "--loss_scale applies to training; swift rollout does not read it"),
+])
+def test_flags_a_generation_server_does_not_read_are_refused(argv, message):
+    """(before 2026-11-29 `swift rollout --task_type seq_cls` started and served a causal LM)"""
+    from swift.arguments.parser import parse_args
+    from swift.pipelines.rollout import RolloutArguments
+
+    with pytest.raises(SwiftError, match="^" + re.escape(message)):
+        parse_args(RolloutArguments, ["--model", "builtin:tiny-chat", *argv])
