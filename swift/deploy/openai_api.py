@@ -5,7 +5,7 @@ import time
 import uuid
 from typing import Any
 
-from swift.deploy.tools import ToolUse, parse_tool_calls
+from swift.deploy.tools import ToolUse
 from swift.infer.protocol import Choice, InferRequest, InferResponse, RequestConfig, StreamDelta, TokenLogprob
 from swift.serving.errors import RequestError
 from swift.serving.fields import chat_messages, checked_stop, flag, integer, number, tool_messages
@@ -23,8 +23,7 @@ NOT_IMPLEMENTED = {"logit_bias_type": lambda v: v is None,
                    "audio": lambda v: False,
                    "reasoning_effort": lambda v: False,
                    "prediction": lambda v: False,
-                   "web_search_options": lambda v: False,
-                   "parallel_tool_calls": lambda v: v is True}  # false would promise at most one call
+                   "web_search_options": lambda v: False}
 
 
 def check_fields(body: dict) -> None:
@@ -156,7 +155,7 @@ def chat_response(model: str, response: InferResponse, use: ToolUse | None = Non
     for c in response.choices:
         message, finish = {"role": "assistant", "content": c.text}, c.finish_reason
         if use is not None and use.parse:  # the model's <tool_call> blocks become tool_calls
-            content, calls = parse_tool_calls(use.prefix + c.text)
+            content, calls = use.calls_of(use.prefix + c.text)
             if calls:  # "tool_calls" when the model ended its turn; an answer cut off stays "length"
                 message = {"role": "assistant", "content": content, "tool_calls": calls}
                 finish = "tool_calls" if c.finish_reason == "stop" else c.finish_reason

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from swift.deploy import openai_api as api
-from swift.deploy.tools import BLOCK, OPEN, ToolUse, held_back, parse_tool_calls, tool_use
+from swift.deploy.tools import BLOCK, OPEN, ToolUse, held_back, tool_use
 from swift.infer.protocol import InferRequest, RequestConfig
 from swift.infer.reward import RewardScorer
 from swift.infer.transformers_engine import TransformersEngine
@@ -40,7 +40,7 @@ class _ToolStream:
         sent = self.sent.get(i, 0)
         calls, finish = [], delta.finish_reason
         if finish:
-            _, calls = parse_tool_calls(text[sent:])
+            _, calls = self.use.calls_of(text[sent:])
         if calls:  # the text outside the calls, then the calls, then the finish
             piece_text = BLOCK.sub("", text[sent:]).strip()
             finish = "tool_calls" if delta.finish_reason == "stop" else delta.finish_reason

@@ -10,6 +10,8 @@ model must call one; a named function starts it with that call's name, so the mo
 arguments."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import re
 import uuid
@@ -31,6 +33,12 @@ class ToolUse:
     parse: bool = False
     prefix: str = ""
     example: str = ""  # the prefix followed by a continuation as the model writes it (see token_aligned)
+    single: bool = False  # `parallel_tool_calls: false`: at most one call per answer (the first)
+
+    def calls_of(self, text: str) -> tuple[str | None, list[dict]]:
+        """(the text outside the calls, the calls) of an answer, at most one with `single`."""
+        content, calls = parse_tool_calls(text)
+        return content, calls[:1] if self.single else calls
 
     def token_aligned(self, tokenizer) -> None:
         """Cut the forced prefix back to a token boundary of `example`: a prefix that ends inside a
@@ -43,7 +51,14 @@ class ToolUse:
 
 
 def tool_use(body: dict) -> ToolUse:
-    """Read and check `tools` and `tool_choice` (400 naming the field)."""
+    """Read and check `tools`, `tool_choice` and `parallel_tool_calls` (400 naming the field)."""
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise RequestError("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    return dataclasses.replace(_tool_use(body), single=not parallel)
+
+
+def _tool_use(body: dict) -> ToolUse:
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None or tools == []:

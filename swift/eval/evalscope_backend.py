@@ -165,7 +165,7 @@ def run(a, config: RequestConfig, explicit_max_tokens: bool, out_dir: str) -> di
         task = TaskConfig(model=model, api_url=url, api_key=key, eval_type="openai_api",
                           datasets=list(dict.fromkeys(names.values())),
                           dataset_args={NAMES[k]: v for k, v in a.eval_args.dataset_args.items() if k in NAMES},
-                          eval_batch_size=a.eval_num_proc, limit=a.eval_limit,
+                          eval_batch_size=a.eval_num_proc or 16, limit=a.eval_limit,
                           generation_config=generation_config(config, explicit_max_tokens),
                           work_dir=os.path.join(out_dir, "evalscope"), no_timestamp=True, seed=None)
         if server is not None:

@@ -48,7 +48,9 @@ class EvalOptions:
     eval_limit: int | None = field(default=None, metadata={
         "help": "Questions per benchmark (the first N; with --eval_backend EvalScope, per subset, as EvalScope counts: "
                 "math500 has 5 levels, cmath 6 grades)."})
-    eval_num_proc: int = field(default=16, metadata={"help": "Requests in flight at once."})
+    eval_num_proc: int | None = field(default=None, metadata={
+        "help": "Requests in flight at once (default: 16 to a server; for a model loaded here, all of them, "
+                "batched by --max_batch_size)."})
     eval_output_dir: str = field(default="eval_output", metadata={
         "help": "Reports go to <dir>/<YYYYMMDD-HHMMSS>/ (a new directory per run)."})
     eval_url: str | None = field(default=None, metadata={
@@ -77,7 +79,7 @@ class EvalOptions:
         self.eval_backend = backend
         if self.eval_limit is not None and self.eval_limit < 1:
             raise SwiftError("--eval_limit must be at least 1")
-        if self.eval_num_proc < 1:
+        if self.eval_num_proc is not None and self.eval_num_proc < 1:
             raise SwiftError("--eval_num_proc must be at least 1")
         self.generation = json_flag(self.eval_generation_config, "--eval_generation_config")
         unknown = set(self.generation) - GENERATION_KEYS
@@ -104,13 +106,10 @@ class EvalArguments(ComposedArguments):
     def __post_init__(self) -> None:
         """Refuse what this run does not read: with --eval_url the server loads, templates and
         batches (only --model, picking one of its models, and --use_hf, for the benchmarks' files, are
-        read); --eval_num_proc is the requests in flight to a server."""
+        read)."""
         if self.eval_url:
             self.refuse_unread(("model_args", "template_args", "engine_args"), {"model", "use_hf", "external_plugins"},
                                f"does nothing with --eval_url: the server at {self.eval_url} loads and runs the model")
-        elif self.eval_backend == "native" and self.eval_num_proc != 16:
-            raise SwiftError("--eval_num_proc is the requests in flight to --eval_url (or EvalScope's server); the "
-                             "model loaded here batches with --max_batch_size")
 
 
 def with_generation(config, generation: dict):
@@ -138,17 +137,23 @@ class RequestFailed(SwiftError):
     """A request that failed inside the engine (not a refusal of the request)."""
 
 
-def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit=None) -> list:
+def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit=None,
+             concurrency: int | None = None) -> list:
     """Every request through the engine concurrently, with a progress bar; a request the engine
     refuses or fails on gives its error instead of a response, and the others go on. When every
     request failed inside the engine (or its server was unreachable or failing), the engine is
-    broken: that error is raised."""
+    broken: that error is raised. `concurrency`: at most that many requests in the engine at once."""
     from swift.infer.client import ServerFailure
 
     async def run():
         bar = tqdm(total=len(requests), desc=desc, dynamic_ncols=True)
+        gate = asyncio.Semaphore(concurrency or len(requests) or 1)
 
         async def one(request):
+            async with gate:
+                return await _one(request)
+
+        async def _one(request):
             try:
                 r, c = (request, config) if explicit_max_tokens or fit is None else fit(request, config)
                 return await engine.infer_async(r, c)
@@ -177,7 +182,7 @@ def build_eval_engine(a: EvalArguments):
     if a.eval_url:
         from swift.infer.client import ClientEngine
 
-        return ClientEngine(a.eval_url, api_key=a.api_key, model=a.model, concurrency=a.eval_num_proc), None
+        return ClientEngine(a.eval_url, api_key=a.api_key, model=a.model, concurrency=a.eval_num_proc or 16), None
     from swift.infer.factory import build_engine
 
     if not a.model and not a.adapters:
@@ -278,7 +283,8 @@ def evaluate(engine, a: EvalArguments, adapter: str | None, benchmarks: dict[str
             continue
         requests = [InferRequest(messages=q.messages, adapter=adapter) for q in questions]
         started = time.perf_counter()
-        responses = generate(engine, requests, config, explicit, desc=f"eval {name}", fit=fit)
+        responses = generate(engine, requests, config, explicit, desc=f"eval {name}", fit=fit,
+                             concurrency=a.eval_num_proc)  # a client engine caps its own requests as well
         seconds = time.perf_counter() - started
         rows, scores, errors = [], [], 0
         for q, response in zip(questions, responses):

@@ -378,9 +378,7 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
                 f"{pairs_path}; skipped {counts['skipped_easy']} easy, {counts['skipped_other']} without a usable answer"
                 + (f"; {counts['failed']} failed (warned above, not written: --resume tries them again)"
                    if counts["failed"] else ""))
-    first_failure = counts.pop("first_failure")
-    if counts["prompts"] and counts["failed"] == counts["prompts"]:
-        raise SwiftError(f"swift sample: every prompt failed (first: {first_failure})")
+    counts.pop("first_failure")
     return {"output_file": path, "pairs_file": pairs_path, **counts}
 
 
@@ -449,6 +447,8 @@ def _sample(a, rows, todo, *, engine, adapter, config, scorer, paths) -> dict:
                 counts["pairs"] += pair is not None
                 counts["skipped_easy" if why == "easy" else "skipped_other"] += why is not None
                 bar.update()
+            if counts["failed"] == counts["prompts"]:  # a whole first batch failed: no point sampling on
+                raise SwiftError(f"swift sample: every prompt failed (first: {counts['first_failure']})")
     finally:
         bar.close()
     return counts

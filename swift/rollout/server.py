@@ -137,18 +137,21 @@ class RolloutServer:
         # vLLM's server); once the sync is abandoned (failed, closed, or its trainer gone) nothing is
         # generated until a sync completes
         self.weights_partial = False
-        self.buckets_loaded = 0  # by the workers, in the sync under way
+        self.weights_abandoned = False  # ... by a sync that will not finish: only a completed one clears it
+        self.buckets_loaded = 0  # buckets that reached the engines in the sync under way
 
     async def check_weights(self) -> None:
         if not self.weights_partial:
             return
         c = self.communicator
-        if c is not None and await _holder_gone(c):
+        if c is not None and not self.weights_abandoned and await _holder_gone(c):
             async with self.communicator_lock:
                 if self.communicator is c:
                     self.communicator = None
                     self.sync_error = self.sync_error or f"the trainer at {c['host']}:{c['port']} is gone"
         if self.communicator is None:
+            self.weights_abandoned = True
+        if self.weights_abandoned:
             why = f" ({self.sync_error})" if self.sync_error else ""
             raise RequestError("the model holds half-updated weights: a weight sync loaded some of them and was "
                                f"abandoned{why}; a trainer must complete a sync (/reset_prefix_cache/ ends one) "
@@ -213,9 +216,10 @@ class RolloutServer:
             return
         error = future.exception()
         if method == "receive":
-            if error is None:
+            if not isinstance(error, NothingLoaded):  # loaded (a failure after the load counts too)
                 self.buckets_loaded += 1
-            elif isinstance(error, NothingLoaded) and not self.buckets_loaded:
+                self.weights_partial = True  # (another worker's NothingLoaded may have cleared it first)
+            elif not self.buckets_loaded and not self.weights_abandoned:
                 self.weights_partial = False  # the engines' weights are untouched
         if error is None:
             return
@@ -223,6 +227,7 @@ class RolloutServer:
         if self.communicator is not None and self.communicator.get("token") == token:
             self.communicator = None
             self.sync_error = str(future.exception())
+            self.weights_abandoned = self.weights_partial
 
 
 def _config(body: dict) -> dict:

@@ -92,6 +92,8 @@ def add_weight_sync_routes(app: FastAPI, server: RolloutServer) -> None:
                                    code="communicator_in_use")
             token = secrets.token_urlsafe(32)
             server.communicator = {"host": host, "port": port, "token": token}
+            # a sync left unfinished by the previous trainer stays abandoned until this one completes one
+            server.weights_abandoned = server.weights_partial
         # capped by the server: a group that never forms gives up within --weight_sync_timeout; it forms
         # beside generation (in a thread of each worker), so until then requests are served as usual
         cap = server.args.weight_sync_timeout
@@ -137,12 +139,13 @@ def add_weight_sync_routes(app: FastAPI, server: RolloutServer) -> None:
         await server.all("reset_prefix_cache")  # waits behind every bucket sent before it
         if server.communicator is None:  # a bucket failed meanwhile (its checksum, its group): not complete
             raise RequestError(f"the weight sync failed: {server.sync_error}", status=409, code="sync_failed")
-        server.weights_partial, server.buckets_loaded = False, 0
+        server.weights_partial, server.weights_abandoned, server.buckets_loaded = False, False, 0
         return {"success": True}
 
     @app.post("/close_communicator/")
     async def close_communicator(request: Request):
         holder(request)
         server.communicator = None
+        server.weights_abandoned = server.weights_partial  # closed mid-sync: that sync will not finish
         await server.all("close_communicator")
         return {"message": "communicator closed"}

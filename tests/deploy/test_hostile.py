@@ -113,7 +113,8 @@ BAD_REQUESTS = [
     ("deploy", "/v1/chat/completions", dict(json=chat(audio={"voice": "alloy", "format": "wav"})), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(reasoning_effort="low")), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(min_p=0.9)), 400),
-    ("deploy", "/v1/chat/completions", dict(json=chat(parallel_tool_calls=False)), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(prediction={"type": "content", "content": "x"})), 400),
+    ("deploy", "/v1/chat/completions", dict(json=chat(web_search_options={})), 400),
     ("deploy", "/v1/completions", dict(json={"model": "tiny", "prompt": "1+1=", "max_tokens": 2, "best_of": 3}), 400),
     ("deploy", "/v1/completions", dict(json={"model": "tiny", "prompt": "1+1=", "max_tokens": 2, "suffix": "x"}), 400),
     ("deploy", "/v1/chat/completions", dict(json=chat(messages=[{"role": "user", "content": [

@@ -106,3 +106,28 @@ def test_bad_tool_requests_are_refused_by_name(server, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         server.chat.completions.create(**body)
     assert e.value.body["param"] == param
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    """`parallel_tool_calls: false` (OpenAI: at most one call per answer): an answer with two calls
+    comes back with the first only, whole and streamed alike (before 2026-11-29 the field was read
+    nowhere)."""
+    from swift.deploy import openai_api as api
+    from swift.deploy.server import _ToolStream
+    from swift.deploy.tools import tool_use
+    from swift.infer.protocol import Choice, InferResponse, StreamDelta
+
+    text = ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    answer = InferResponse([Choice(0, text, [], "stop")], 1, 1)
+    for parallel, names in ((None, ["add", "get_weather"]), (True, ["add", "get_weather"]), (False, ["add"])):
+        body = {"tools": TOOLS, **({} if parallel is None else {"parallel_tool_calls": parallel})}
+        use = tool_use(body)
+        message = api.chat_response("m", answer, use)["choices"][0]["message"]
+        assert [c["function"]["name"] for c in message["tool_calls"]] == names
+        chunks = _ToolStream(use).pieces("id", "m", StreamDelta(index=0, text=text, token_ids=[], finish_reason="stop"),
+                                         True)
+        streamed = [t["function"]["name"] for ch in chunks for t in ch["choices"][0]["delta"].get("tool_calls", [])]
+        assert streamed == names
+    with pytest.raises(Exception, match="'parallel_tool_calls' must be true or false"):
+        tool_use({"tools": TOOLS, "parallel_tool_calls": "no"})

@@ -167,3 +167,26 @@ def test_eval_against_a_server_that_drops_every_request_stops_and_leaves_nothing
         eval_main(["--eval_url", server, "--eval_dataset", "arith", "--eval_limit", "3",
                    "--eval_output_dir", str(tmp_path / "out")])
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_eval_num_proc_caps_the_requests_a_local_engine_gets_at_once():
+    """--eval_num_proc N with a model loaded here: at most N requests in the engine at once (as
+    ms-swift's eval sends N at a time to the server it deploys); without it, all of them."""
+    import asyncio
+
+    class Counting:
+        in_flight = peak = 0
+
+        async def infer_async(self, request, config):
+            Counting.in_flight += 1
+            Counting.peak = max(Counting.peak, Counting.in_flight)
+            await asyncio.sleep(0.02)
+            Counting.in_flight -= 1
+            return "answer"
+
+    requests = [InferRequest(messages=[{"role": "user", "content": f"q{i}"}]) for i in range(12)]
+    for concurrency, peak in ((3, 3), (None, 12)):
+        Counting.peak = 0
+        assert generate(Counting(), requests, RequestConfig(max_tokens=4), True, desc="local",
+                        concurrency=concurrency) == ["answer"] * 12
+        assert Counting.peak == peak

@@ -190,7 +190,6 @@ def test_pass_at_k_from_sampled_answers(tmp_path, quickstart):
      "--template does nothing with --eval_url: the server at http://127.0.0.1:9/v1 loads and runs the model"),
     (["--eval_dataset", "arith", "--eval_url", "http://127.0.0.1:9/v1", "--infer_backend", "vllm"],
      "--infer_backend does nothing with --eval_url"),
-    (["--eval_dataset", "arith", "--eval_num_proc", "4"], "--eval_num_proc is the requests in flight to --eval_url"),
     (["--eval_dataset", "arith", "--eval_dataset_args", '{"arith": {"subset_list": ["main"]}}'],
      "--eval_dataset_args arith: subset_list picks the files of a local_path directory"),
 ])

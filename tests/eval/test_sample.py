@@ -248,7 +248,8 @@ def test_the_resume_fingerprint_keeps_secrets_out_and_reads_older_files(tmp_path
 def test_answers_the_reward_cannot_score_fail_their_prompt_alone(tmp_path):
     """A reward that returns None for some answers (no reward: those answers are not kept) and a row
     it cannot read (no `solution`: that prompt fails with a warning, is not written and is counted);
-    the run goes on. A dataset it can read in no row: every prompt failed, one line, non-zero."""
+    the run goes on. A dataset it can read in no row: the first batch fails whole, and the run stops
+    there with one line (rather than sampling every prompt for nothing)."""
     from swift.pipelines.sample import sample_main
 
     plugin = tmp_path / "rw.py"
@@ -276,6 +277,8 @@ def test_answers_the_reward_cannot_score_fail_their_prompt_alone(tmp_path):
     with pytest.raises(SwiftError, match="every prompt failed .*missing 1 required positional argument: 'solution'"):
         sample_main([*common, "--dataset", str(data), "--orm_model", f"{plugin}:half", "--output_dir",
                      str(tmp_path / "none")])
+    progress = rows_of(tmp_path / "none" / "sample_progress.jsonl")
+    assert len(progress) == 1  # its fingerprint only: the first prompt failed, and nothing more was sampled
 
 
 def test_a_row_index_column_in_any_row_is_refused(tmp_path):

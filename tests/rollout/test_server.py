@@ -369,3 +369,37 @@ def test_flags_a_generation_server_does_not_read_are_refused(argv, message):
 
     with pytest.raises(SwiftError, match="^" + re.escape(message)):
         parse_args(RolloutArguments, ["--model", "builtin:tiny-chat", *argv])
+
+
+def test_a_bucket_that_failed_after_loading_keeps_the_model_refused():
+    """The server's bookkeeping of a sync's buckets, as the workers' answers arrive: a bucket that
+    failed after reaching the engines leaves them half-updated, and a later bucket that reached none
+    (another trainer's group that never formed) does not clear that; only a completed sync does."""
+    import asyncio
+    import concurrent.futures
+
+    from swift.rollout.server import RolloutServer
+    from swift.rollout.weight_sync import NothingLoaded
+    from swift.serving.errors import RequestError
+
+    def answer(error=None):
+        f = concurrent.futures.Future()
+        f.set_exception(error) if error else f.set_result(1)
+        return f
+
+    server = object.__new__(RolloutServer)  # its state alone: no worker processes
+    server.communicator, server.sync_error = {"token": "t1", "host": "127.0.0.1", "port": 1}, None
+    server.weights_partial, server.weights_abandoned, server.buckets_loaded = True, False, 0
+    server._on_sync_done(answer(RuntimeError("checksum allgather failed")), "t1", "receive")  # after its load
+    assert server.communicator is None and server.weights_partial and server.weights_abandoned
+    server.communicator = {"token": "t2", "host": "127.0.0.1", "port": 1}  # the next trainer
+    server.buckets_loaded = 0
+    server._on_sync_done(answer(NothingLoaded("could not form")), "t2", "receive")
+    assert server.weights_partial and server.weights_abandoned
+    with pytest.raises(RequestError, match="half-updated weights"):
+        asyncio.run(server.check_weights())
+    # a bucket that reached no engine, in a sync that loaded nothing before: the weights are untouched
+    server.communicator, server.weights_partial, server.weights_abandoned = {"token": "t3"}, True, False
+    server._on_sync_done(answer(NothingLoaded("could not form")), "t3", "receive")
+    assert not server.weights_partial and server.communicator is None
+    asyncio.run(server.check_weights())  # serves
