@@ -105,14 +105,8 @@ def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, st
         stop = gr.Button(t("stop"), elem_id=f"{prefix}stop")
         regenerate = gr.Button(t("regenerate"), elem_id=f"{prefix}regenerate")
         clear = gr.Button(t("clear"), elem_id=f"{prefix}clear")
-    with gr.Accordion(t("settings"), open=False, elem_id=f"{prefix}settings"):
-        temperature_box = gr.Slider(0.0, 2.0, value=temperature, step=0.05, label=t("temperature"),
-                                    elem_id=f"{prefix}temperature")
-        top_p_box = gr.Slider(0.01, 1.0, value=top_p, step=0.01, label=t("top_p"), elem_id=f"{prefix}top_p")
-        max_tokens_box = gr.Number(value=max_new_tokens, precision=0, minimum=1, label=t("max_new_tokens"),
-                                   elem_id=f"{prefix}max_new_tokens")
-        adapter_box = gr.Dropdown(choices=choices, value=chosen, label=t("adapter"), elem_id=f"{prefix}adapter",
-                                  visible=bool(backend.adapters))
+    temperature_box, top_p_box, max_tokens_box, adapter_box = _settings(
+        gr, t, prefix, temperature, top_p, max_new_tokens, choices, chosen, bool(backend.adapters))
 
     async def answer(history: list, system_text: str, temp, top, max_tokens, adapter):
         """(history, error line) as the answer to the last user message grows."""
@@ -163,6 +157,19 @@ def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, st
     stop.click(None, cancels=events)
     clear.click(lambda: ([], ""), None, [chatbot, error], cancels=events, queue=False)
     return adapter_box, adapter_choices
+
+
+def _settings(gr, t, prefix: str, temperature: float, top_p: float, max_new_tokens: int, choices: list[str],
+              chosen: str, adapters: bool):
+    """The generation settings (closed at first): temperature, top-p, max new tokens, adapter."""
+    with gr.Accordion(t("settings"), open=False, elem_id=f"{prefix}settings"):
+        return (gr.Slider(0.0, 2.0, value=temperature, step=0.05, label=t("temperature"),
+                          elem_id=f"{prefix}temperature"),
+                gr.Slider(0.01, 1.0, value=top_p, step=0.01, label=t("top_p"), elem_id=f"{prefix}top_p"),
+                gr.Number(value=max_new_tokens, precision=0, minimum=1, label=t("max_new_tokens"),
+                          elem_id=f"{prefix}max_new_tokens"),
+                gr.Dropdown(choices=choices, value=chosen, label=t("adapter"), elem_id=f"{prefix}adapter",
+                            visible=adapters))
 
 
 def _text(content) -> str:

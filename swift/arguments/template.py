@@ -27,3 +27,15 @@ class TemplateArguments:
             raise SwiftError(f"--loss_scale {self.loss_scale!r} is not one of {', '.join(LOSS_SCALES)}")
         if self.max_length < 2:
             raise SwiftError(f"--max_length must be at least 2, got {self.max_length}")
+
+
+TRAINING_ONLY = frozenset({"truncation_strategy", "loss_scale"})  # template flags that shape training rows only
+
+
+def refuse_training_only(args, who: str) -> None:
+    """Stop on --truncation_strategy or --loss_scale set for a command that only generates
+    (`args`: ComposedArguments with a `template_args` part; `who` names it in the line)."""
+    import dataclasses
+
+    read = {f.name for f in dataclasses.fields(TemplateArguments)} - TRAINING_ONLY
+    args.refuse_unread(("template_args",), read, f"applies to training; {who} does not read it")

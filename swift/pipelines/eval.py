@@ -150,13 +150,10 @@ def generate(engine, requests, config, explicit_max_tokens: bool, desc: str, fit
         gate = asyncio.Semaphore(concurrency or len(requests) or 1)
 
         async def one(request):
-            async with gate:
-                return await _one(request)
-
-        async def _one(request):
             try:
                 r, c = (request, config) if explicit_max_tokens or fit is None else fit(request, config)
-                return await engine.infer_async(r, c)
+                async with gate:
+                    return await engine.infer_async(r, c)
             except ServerFailure as e:  # unreachable, or failing: not this request's fault
                 return RequestFailed(str(e))
             except SwiftError as e:

@@ -8,7 +8,7 @@ from typing import ClassVar
 from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments
 from swift.arguments.model import ModelArguments
-from swift.arguments.template import TemplateArguments
+from swift.arguments.template import TemplateArguments, refuse_training_only
 from swift.serving.guard import ServingLimits, warn_if_open
 from swift.pipelines.base import resolve_args
 from swift.utils.registry import SwiftError
@@ -53,15 +53,11 @@ class RolloutArguments(ComposedArguments):
 
     def __post_init__(self) -> None:
         """Refuse what a generation server does not read."""
-        import dataclasses
-
         if self.task_type != "causal_lm":
             raise SwiftError(f"--task_type {self.task_type}: swift rollout generates text (causal_lm)")
         if self.num_labels is not None:
             raise SwiftError("--num_labels applies to --task_type seq_cls / token_cls; swift rollout generates text")
-        training_only = {"truncation_strategy", "loss_scale"}
-        self.refuse_unread(("template_args",), {f.name for f in dataclasses.fields(TemplateArguments)} - training_only,
-                           "applies to training; swift rollout does not read it")
+        refuse_training_only(self, "swift rollout")
 
 
 def rollout_main(args: RolloutArguments | list[str] | None = None) -> None:

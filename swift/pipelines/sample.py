@@ -378,7 +378,6 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
                 f"{pairs_path}; skipped {counts['skipped_easy']} easy, {counts['skipped_other']} without a usable answer"
                 + (f"; {counts['failed']} failed (warned above, not written: --resume tries them again)"
                    if counts["failed"] else ""))
-    counts.pop("first_failure")
     return {"output_file": path, "pairs_file": pairs_path, **counts}
 
 
@@ -389,15 +388,15 @@ def _sample(a, rows, todo, *, engine, adapter, config, scorer, paths) -> dict:
     from swift.pipelines.infer import fit_to_context
 
     path, pairs_path, skipped_path, progress_path = paths
-    counts = {"prompts": 0, "kept": 0, "pairs": 0, "skipped_easy": 0, "skipped_other": 0, "failed": 0,
-              "first_failure": None}
+    counts = {"prompts": 0, "kept": 0, "pairs": 0, "skipped_easy": 0, "skipped_other": 0, "failed": 0}
+    failures: list[str] = []
 
     def fail(i: int, error: SwiftError) -> None:
         """A prompt that failed (its request, or scoring its answers): stop under --strict, else warn."""
         if a.strict:
             raise SwiftError(f"{rows.origins[i]}: {error}")
         logger.warning(f"{rows.origins[i]}: {error}")
-        counts["first_failure"] = counts["first_failure"] or f"{rows.origins[i]}: {error}"
+        failures.append(f"{rows.origins[i]}: {error}")
     bar = tqdm(total=len(todo), desc="sample", dynamic_ncols=True)
     try:
         for start in range(0, len(todo), a.num_sampling_batch_size):
@@ -448,7 +447,7 @@ def _sample(a, rows, todo, *, engine, adapter, config, scorer, paths) -> dict:
                 counts["skipped_easy" if why == "easy" else "skipped_other"] += why is not None
                 bar.update()
             if counts["failed"] == counts["prompts"]:  # a whole first batch failed: no point sampling on
-                raise SwiftError(f"swift sample: every prompt failed (first: {counts['first_failure']})")
+                raise SwiftError(f"swift sample: every prompt failed (first: {failures[0]})")
     finally:
         bar.close()
     return counts

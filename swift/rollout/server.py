@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 
 from swift.infer.protocol import RequestConfig
 from swift.rollout.worker import worker_main
-from swift.rollout.sync_routes import _holder_gone, add_weight_sync_routes
+from swift.rollout.sync_routes import holder_gone, add_weight_sync_routes
 from swift.rollout.weight_sync import NothingLoaded
 from swift.serving.errors import RequestError, add_error_handlers
 from swift.serving.fields import chat_messages, checked_stop, flag, integer, number, tool_messages
@@ -144,7 +144,7 @@ class RolloutServer:
         if not self.weights_partial:
             return
         c = self.communicator
-        if c is not None and not self.weights_abandoned and await _holder_gone(c):
+        if c is not None and not self.weights_abandoned and await holder_gone(c):
             async with self.communicator_lock:
                 if self.communicator is c:
                     self.communicator = None
@@ -230,6 +230,23 @@ class RolloutServer:
             self.weights_abandoned = self.weights_partial
 
 
+def _infer_requests(requests) -> list[dict]:
+    """/infer/'s `infer_requests`, checked (400 naming the first bad one): messages, data_dict, rollout_infos."""
+    if not isinstance(requests, list) or not requests:
+        raise RequestError("infer_requests must be a non-empty list", "infer_requests")
+    clean = []
+    for i, r in enumerate(requests):
+        if not isinstance(r, dict):
+            raise RequestError(f"infer_requests[{i}] must be an object", "infer_requests")
+        messages = chat_messages(r.get("messages"), f"infer_requests[{i}].messages")
+        tool_messages(r["messages"], messages, f"infer_requests[{i}].messages")
+        data_dict, infos = r.get("data_dict") or {}, r.get("rollout_infos") or {}
+        if not isinstance(data_dict, dict) or not isinstance(infos, dict):
+            raise RequestError(f"infer_requests[{i}]: data_dict and rollout_infos must be objects", "infer_requests")
+        clean.append({"messages": messages, "data_dict": data_dict, "rollout_infos": infos})
+    return clean
+
+
 def _config(body: dict) -> dict:
     raw = body.get("request_config") or {}
     if not isinstance(raw, dict):
@@ -280,20 +297,7 @@ def create_app(server: RolloutServer) -> FastAPI:
     async def infer(request: Request):
         body = await read_body(request)
         await server.check_weights()
-        requests = body.get("infer_requests")
-        if not isinstance(requests, list) or not requests:
-            raise RequestError("infer_requests must be a non-empty list", "infer_requests")
-        clean = []
-        for i, r in enumerate(requests):
-            if not isinstance(r, dict):
-                raise RequestError(f"infer_requests[{i}] must be an object", "infer_requests")
-            messages = chat_messages(r.get("messages"), f"infer_requests[{i}].messages")
-            tool_messages(r["messages"], messages, f"infer_requests[{i}].messages")
-            data_dict, infos = r.get("data_dict") or {}, r.get("rollout_infos") or {}
-            if not isinstance(data_dict, dict) or not isinstance(infos, dict):
-                raise RequestError(f"infer_requests[{i}]: data_dict and rollout_infos must be objects",
-                                   "infer_requests")
-            clean.append({"messages": messages, "data_dict": data_dict, "rollout_infos": infos})
+        clean = _infer_requests(body.get("infer_requests"))
         config = _config(body)
         limits.check(RequestConfig(**config), rows=len(clean) * config.get("n", 1))
         n = config.pop("n", 1)
