@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,13 +30,23 @@ class TemplateArguments:
             raise SwiftError(f"--max_length must be at least 2, got {self.max_length}")
 
 
-TRAINING_ONLY = frozenset({"truncation_strategy", "loss_scale"})  # template flags that shape training rows only
+@dataclass
+class PromptTemplateArguments(TemplateArguments):
+    """The template flags of the commands that generate (infer, deploy, eval, sample, app, rollout):
+    --max_length caps a prompt, as ms-swift's inference does; --loss_scale (training) is refused."""
+
+    max_length: int | None = field(default=None, metadata={
+        "help": "Longest prompt in tokens (default: the model's context); --truncation_strategy says what happens "
+                "to a longer one: delete (refused, that request alone), left (keep its end), right (keep its start)."})
+
+    def __post_init__(self) -> None:
+        if self.max_length is not None:
+            super().__post_init__()
+        if self.loss_scale != "default":
+            raise SwiftError("--loss_scale applies to training (which tokens get loss); this command only generates")
 
 
-def refuse_training_only(args, who: str) -> None:
-    """Stop on --truncation_strategy or --loss_scale set for a command that only generates
-    (`args`: ComposedArguments with a `template_args` part; `who` names it in the line)."""
-    import dataclasses
-
-    read = {f.name for f in dataclasses.fields(TemplateArguments)} - TRAINING_ONLY
-    args.refuse_unread(("template_args",), read, f"applies to training; {who} does not read it")
+def refuse_prompt_limit(args, who: str) -> None:
+    """Stop on --max_length or --truncation_strategy given to a mode whose prompts are not encoded here."""
+    read = {f.name for f in dataclasses.fields(PromptTemplateArguments)} - {"max_length", "truncation_strategy"}
+    args.refuse_unread(("template_args",), read, f"caps prompts this command encodes; {who}")

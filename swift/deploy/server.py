@@ -158,8 +158,9 @@ def _encode(engine: TransformersEngine, infer_request: InferRequest, prefix: str
         return engine.encode(infer_request)
     # an answer forced to start with `prefix` (tool_choice): generation continues inside it
     engine.check_text_length([m["content"] for m in infer_request.messages] + [str(infer_request.tools or "")])
-    return engine.template.encode_continuation([*infer_request.messages, {"role": "assistant", "content": prefix}],
-                                               infer_request.tools, trusted_continuation=True)
+    return engine.fit_prompt(engine.template.encode_continuation(
+        [*infer_request.messages, {"role": "assistant", "content": prefix}], infer_request.tools,
+        trusted_continuation=True))
 
 
 async def prepared(engine: TransformersEngine, limits: ServingLimits, infer_request: InferRequest, body: dict,
@@ -251,6 +252,8 @@ def add_reward_routes(app: FastAPI, scorer: RewardScorer | None, served_model_na
             raise RequestError("the client closed the connection", status=499, code="client_closed_request") from None
         except (asyncio.TimeoutError, JobStopped):
             raise timed_out(limits.request_timeout) from None
+        except SwiftError as e:  # a text over --max_length under --truncation_strategy delete, before any scoring
+            raise RequestError(str(e)) from None
 
     @app.post("/v1/rewards")
     async def v1_rewards(request: Request):

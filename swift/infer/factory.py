@@ -49,9 +49,12 @@ def load_for_serving(args, task_type: str = "causal_lm"):
 def build_engine(args) -> tuple[InferEngine, dict[str, str]]:
     """Return the generation engine (`--infer_backend`) and the adapters it holds ({name: path})."""
     if args.infer_backend == "vllm":
-        return build_vllm_engine(args)
-    model, tokenizer, template, adapters = load_for_serving(args)
-    return TransformersEngine(model, tokenizer, template, max_batch_size=args.max_batch_size), adapters
+        engine, adapters = build_vllm_engine(args)
+    else:
+        model, tokenizer, template, adapters = load_for_serving(args)
+        engine = TransformersEngine(model, tokenizer, template, max_batch_size=args.max_batch_size)
+    engine.prompt_limit, engine.truncation = args.max_length, args.truncation_strategy
+    return engine, adapters
 
 
 def build_vllm_engine(args, **engine_kwargs) -> tuple[InferEngine, dict[str, str]]:
@@ -86,4 +89,6 @@ def build_scorer(args) -> RewardScorer:
     model, tokenizer, template, adapters = load_for_serving(args, task_type="seq_cls")
     if adapters:
         model = model.merge_and_unload()
-    return RewardScorer(model, tokenizer, template, max_batch_size=args.max_batch_size, max_length=args.max_length)
+    return RewardScorer(model, tokenizer, template, max_batch_size=args.max_batch_size,
+                        max_length=args.max_length or getattr(model.config, "max_position_embeddings", 2048),
+                        truncation=args.truncation_strategy)

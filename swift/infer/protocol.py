@@ -156,6 +156,16 @@ class StreamDelta:
     logprobs: list[TokenLogprob] | None = None
 
 
+def fit_length(ids: list[int], limit: int | None, truncation: str, what: str) -> list[int]:
+    """`ids` cut to `limit` tokens ("left" keeps the end, "right" the start) or refused ("delete")."""
+    if limit is None or len(ids) <= limit:
+        return ids
+    if truncation == "delete":
+        raise SwiftError(f"the {what}'s {len(ids)} tokens exceed --max_length {limit} (--truncation_strategy delete "
+                         "refuses it; left or right cuts it)")
+    return ids[-limit:] if truncation == "left" else ids[:limit]
+
+
 class InferEngine(abc.ABC):
     """Implementations: TransformersEngine (built in), VllmEngine (optional)."""
 
@@ -163,17 +173,25 @@ class InferEngine(abc.ABC):
     template: Any
     max_model_len: int
     vocab_size: int | None = None  # token ids at or above it are refused
+    # --max_length of the generating commands: a longer prompt is refused ("delete") or cut ("left"
+    # keeps its end, "right" its start), as ms-swift's inference does; None: only the context bounds it
+    prompt_limit: int | None = None
+    truncation: str = "delete"
 
     def encode(self, request: InferRequest) -> list[int]:
         """Prompt token ids of a request (conversations get the template's generation prompt)."""
         if request.input_ids is not None:
-            return list(request.input_ids)
+            return self.fit_prompt(list(request.input_ids))
         self.check_text_length([request.prompt] if request.prompt is not None else
                                [m.get("content") for m in request.messages] + [str(request.tools or "")] +
                                [str(m.get("tool_calls") or "") for m in request.messages])
         if request.prompt is not None:
-            return self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
-        return self.template.encode_prompt(request.messages, tools=request.tools)
+            return self.fit_prompt(self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"])
+        return self.fit_prompt(self.template.encode_prompt(request.messages, tools=request.tools))
+
+    def fit_prompt(self, ids: list[int]) -> list[int]:
+        """`ids` within `prompt_limit` (--max_length), or a SwiftError under --truncation_strategy delete."""
+        return fit_length(ids, self.prompt_limit, self.truncation, "prompt")
 
     def check_text_length(self, texts: list) -> None:
         """Refuse text that cannot fit the context before tokenising it (a megabyte of text costs

@@ -10,7 +10,7 @@ from swift.app.i18n import LANGS
 from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments
 from swift.arguments.model import ModelArguments
-from swift.arguments.template import TemplateArguments, refuse_training_only
+from swift.arguments.template import PromptTemplateArguments
 from swift.pipelines.base import resolve_args
 from swift.utils.registry import SwiftError
 
@@ -54,7 +54,7 @@ class AppArguments(ComposedArguments):
 
     parts: ClassVar[dict[str, type]] = {
         "model_args": ModelArguments,
-        "template_args": TemplateArguments,
+        "template_args": PromptTemplateArguments,
         "engine_args": EngineArguments,
         "chat_args": ChatArguments,
         "page_args": PageArguments,
@@ -63,7 +63,7 @@ class AppArguments(ComposedArguments):
     def __post_init__(self) -> None:
         """Refuse what this mode does not read: with --base_url the server loads, templates and
         batches (only --model, picking one of its models, and --system, the page's first system
-        prompt, are read); in process the training-only template flags and --api_key are unread."""
+        prompt, are read); in process --api_key is unread."""
         if self.base_url:
             read = {"model", "system"}
             parts = ("model_args", "template_args", "engine_args")
@@ -74,7 +74,6 @@ class AppArguments(ComposedArguments):
                 raise SwiftError("--api_key is the key of --base_url; without --base_url the model runs here")
             if self.task_type != "causal_lm":
                 raise SwiftError(f"--task_type {self.task_type}: the chat page generates text (causal_lm)")
-            refuse_training_only(self, "the chat page")
             if not self.model and not self.adapters:
                 raise SwiftError("swift app needs --model (or --adapters), or --base_url")
         self.refuse_unread(parts, read, f"does nothing with --base_url: the server at {self.base_url} loads and "

@@ -7,7 +7,7 @@ from typing import ClassVar
 from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments
 from swift.arguments.model import ModelArguments
-from swift.arguments.template import TemplateArguments
+from swift.arguments.template import PromptTemplateArguments
 from swift.serving.guard import ServingLimits, warn_if_open
 from swift.pipelines.base import resolve_args
 from swift.utils.registry import SwiftError
@@ -37,7 +37,7 @@ class DeployArguments(ComposedArguments):
 
     parts: ClassVar[dict[str, type]] = {
         "model_args": ModelArguments,
-        "template_args": TemplateArguments,
+        "template_args": PromptTemplateArguments,
         "engine_args": EngineArguments,
         "server_args": ServerArguments,
         "serving_limits": ServingLimits,

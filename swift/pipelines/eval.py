@@ -16,7 +16,7 @@ from tqdm import tqdm
 from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments, GenerationArguments
 from swift.arguments.model import ModelArguments
-from swift.arguments.template import TemplateArguments
+from swift.arguments.template import PromptTemplateArguments
 from swift.pipelines.base import resolve_args
 from swift.utils.io import write_json, write_jsonl
 from swift.utils.logging import get_logger
@@ -97,7 +97,7 @@ class EvalArguments(ComposedArguments):
 
     parts: ClassVar[dict[str, type]] = {
         "model_args": ModelArguments,
-        "template_args": TemplateArguments,
+        "template_args": PromptTemplateArguments,
         "engine_args": EngineArguments,
         "generation_args": GenerationArguments,
         "eval_args": EvalOptions,

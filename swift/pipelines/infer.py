@@ -12,7 +12,7 @@ from tqdm import tqdm
 from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments, GenerationArguments
 from swift.arguments.model import ModelArguments
-from swift.arguments.template import TemplateArguments
+from swift.arguments.template import PromptTemplateArguments
 from swift.pipelines.base import resolve_args
 from swift.utils.io import write_json, write_jsonl
 from swift.utils.logging import get_logger
@@ -44,7 +44,7 @@ class InferArguments(ComposedArguments):
 
     parts: ClassVar[dict[str, type]] = {
         "model_args": ModelArguments,
-        "template_args": TemplateArguments,
+        "template_args": PromptTemplateArguments,
         "engine_args": EngineArguments,
         "generation_args": GenerationArguments,
         "infer_args": InferOptions,
@@ -76,6 +76,8 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     run = {"val_dataset": list(a.val_dataset), "model": a.model, "adapters": list(a.adapters),
            "template": a.template, "system": a.system,
            "generation": {**asdict(config), "max_tokens": a.max_new_tokens}, "num_rows": len(rows)}
+    if a.max_length is not None:  # recorded only when given: files of earlier runs still resume
+        run["prompt_max_length"] = [a.max_length, a.truncation_strategy]
     done = _resume(path, run, rows.origins)
     todo = [i for i in range(len(rows)) if i not in done]
     if done:

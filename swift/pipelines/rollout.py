@@ -8,7 +8,7 @@ from typing import ClassVar
 from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments
 from swift.arguments.model import ModelArguments
-from swift.arguments.template import TemplateArguments, refuse_training_only
+from swift.arguments.template import PromptTemplateArguments, refuse_prompt_limit
 from swift.serving.guard import ServingLimits, warn_if_open
 from swift.pipelines.base import resolve_args
 from swift.utils.registry import SwiftError
@@ -45,7 +45,7 @@ class RolloutArguments(ComposedArguments):
 
     parts: ClassVar[dict[str, type]] = {
         "model_args": ModelArguments,
-        "template_args": TemplateArguments,
+        "template_args": PromptTemplateArguments,
         "engine_args": EngineArguments,
         "server_args": RolloutServerArguments,
         "serving_limits": ServingLimits,
@@ -57,7 +57,8 @@ class RolloutArguments(ComposedArguments):
             raise SwiftError(f"--task_type {self.task_type}: swift rollout generates text (causal_lm)")
         if self.num_labels is not None:
             raise SwiftError("--num_labels applies to --task_type seq_cls / token_cls; swift rollout generates text")
-        refuse_training_only(self, "swift rollout")
+        refuse_prompt_limit(self, "swift rollout serves prompts as its trainer sends them (answers are capped by "
+                                  "the request's max_tokens, the context by --vllm_max_model_len)")
 
 
 def rollout_main(args: RolloutArguments | list[str] | None = None) -> None:

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from swift.arguments.base import ComposedArguments
 from swift.arguments.infer import EngineArguments, GenerationArguments
 from swift.arguments.model import ModelArguments
-from swift.arguments.template import TemplateArguments
+from swift.arguments.template import PromptTemplateArguments, refuse_prompt_limit
 from swift.pipelines.base import resolve_args
 from swift.pipelines.eval import json_flag
 from swift.utils.logging import get_logger
@@ -128,7 +128,7 @@ class SampleArguments(ComposedArguments):
 
     parts: ClassVar[dict[str, type]] = {
         "model_args": ModelArguments,
-        "template_args": TemplateArguments,
+        "template_args": PromptTemplateArguments,
         "engine_args": EngineArguments,
         "generation_args": GenerationArguments,
         "sample_args": SampleOptions,
@@ -147,6 +147,8 @@ class SampleArguments(ComposedArguments):
                 raise SwiftError(f"--model {self.model} and --engine_kwargs model {served}: give the served model once")
             self.refuse_unread(("model_args", "engine_args"), {"model", "use_hf", "external_plugins"},
                                "does nothing with --sampler_engine client: the server loads and runs the model")
+        if self.sampler_engine in ("client", "no"):
+            refuse_prompt_limit(self, f"with --sampler_engine {self.sampler_engine} nothing is encoded here to generate")
 
 
 SamplingArguments = SampleArguments  # ms-swift's name
@@ -197,6 +199,9 @@ def fingerprint(a, n_rows: int) -> dict:
     settings = {f.name: getattr(a, f.name) for part in SampleArguments.parts.values() for f in dataclasses.fields(part)
                 if f.name not in NOT_IN_FINGERPRINT}
     settings.update(seed=a.seed, rows=n_rows)
+    # under its own key: files of earlier versions recorded --max_length 2048 when no version read it
+    limit, cut = settings.pop("max_length"), settings.pop("truncation_strategy")
+    settings["prompt_max_length"] = None if limit is None else f"{limit} ({cut})"
     # the server a client engine asks, not its key (the file is no place for secrets) nor how it is asked
     settings["engine_kwargs"] = {k: v for k, v in a.sample_args.engine_options.items()
                                  if not k.endswith(("key", "token")) and k not in ENGINE_OPTIONS_NOT_IN_FINGERPRINT}

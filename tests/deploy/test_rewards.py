@@ -100,3 +100,34 @@ def test_a_reward_request_nobody_waits_for_stops_and_frees_the_scorer(reward_mod
         start = time.time()
         code, _ = post(base, "/get_reward", small)
         assert code == 200 and time.time() - start < 1.5
+
+
+def test_max_length_refuses_a_long_text_before_scoring_or_cuts_it(reward_model):
+    """`--max_length N` of a reward server: a longer text is refused with a 400 naming it (delete,
+    the default: a cut text would be scored without its end) and the next request is answered; with
+    left the reward is the model's on the text's last N tokens. (Before 2026-11-29 every text was cut
+    to its first 2048 tokens, silently.)"""
+    from swift.deploy.server import create_app
+    from swift.infer.factory import build_scorer
+    from swift.pipelines.deploy import DeployArguments
+    from tests.deploy.serving import serve_in_thread
+
+    tokenizer = AutoTokenizer.from_pretrained(reward_model)
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model).eval()
+    long, short = "07+45=52 " * 6, "07+45=52"
+    ids = tokenizer(long, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 8
+    for cut in ("delete", "left"):
+        scorer = build_scorer(DeployArguments(model=reward_model, task_type="seq_cls", max_length=8,
+                                              truncation_strategy=cut))
+        with serve_in_thread(create_app("rm", scorer=scorer)) as base:
+            code, body = post(base, "/get_reward", {"query": [short, long]})
+            if cut == "delete":
+                assert code == 400 and f"text 1: the text's {len(ids)} tokens exceed --max_length 8" in \
+                    body["error"]["message"]
+                code, body = post(base, "/get_reward", {"query": [short]})
+                assert code == 200 and body["rewards"] == pytest.approx(reference(reward_model, [short]), abs=1e-4)
+            else:
+                with torch.no_grad():
+                    expected = model(input_ids=torch.tensor([ids[-8:]])).logits[0, 0].item()
+                assert code == 200 and body["rewards"][1] == pytest.approx(expected, abs=1e-4)

@@ -301,3 +301,33 @@ def test_an_unknown_log_level_is_refused_before_the_model_loads():
         resolve_args(DeployArguments, ["--model", "builtin:tiny-chat", "--log_level", "warn"], "swift deploy")
     assert resolve_args(DeployArguments, ["--model", "builtin:tiny-chat", "--log_level", "WARNING"],
                         "swift deploy").log_level == "WARNING"
+
+
+def test_max_length_refuses_a_long_prompt_alone_or_cuts_it():
+    """`swift deploy --max_length N`: a longer prompt gets a 400 naming the flag and the next request
+    is answered (delete); with left, the answer is the one to the prompt's last N tokens."""
+    from swift.deploy.server import create_app
+    from swift.infer import InferRequest
+    from swift.infer.factory import build_engine
+    from swift.pipelines.deploy import DeployArguments
+    from tests.deploy.serving import serve_in_thread
+
+    long = [{"role": "user", "content": "12+34= " * 20}]
+    for cut in ("delete", "left"):
+        engine, _ = build_engine(DeployArguments(model="builtin:tiny-chat", max_length=24, truncation_strategy=cut))
+        try:
+            with serve_in_thread(create_app("tiny", engine=engine)) as base:
+                c = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+                if cut == "delete":
+                    with pytest.raises(openai.BadRequestError, match="exceed --max_length 24"):
+                        c.chat.completions.create(model="tiny", messages=long, max_tokens=4)
+                    r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+2="}],
+                                                  max_tokens=4)
+                    assert r.choices[0].finish_reason in ("stop", "length")
+                else:
+                    kept = engine.encode(InferRequest(messages=long))  # its last 24 tokens
+                    r = c.chat.completions.create(model="tiny", messages=long, max_tokens=6, temperature=0)
+                    ref = c.completions.create(model="tiny", prompt=kept, max_tokens=6, temperature=0)
+                    assert r.usage.prompt_tokens == 24 and r.choices[0].message.content == ref.choices[0].text
+        finally:
+            engine.close()

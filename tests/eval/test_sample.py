@@ -235,7 +235,9 @@ def test_the_resume_fingerprint_keeps_secrets_out_and_reads_older_files(tmp_path
     assert expected["engine_kwargs"] == {"base_url": "http://127.0.0.1:9/v1"} and "sk-secret" not in json.dumps(expected)
     out = tmp_path / "sample.jsonl"
     out.write_text(json.dumps({"row_index": 0, "response": "x"}) + "\n")
-    older = {"dataset": ["builtin:arith-sft:eval#4"], "seed": 42, "data_range": [], "rows": 4}
+    # (files of versions before 2026-11-29 also record --max_length 2048, which nothing read then)
+    older = {"dataset": ["builtin:arith-sft:eval#4"], "seed": 42, "data_range": [], "rows": 4, "max_length": 2048,
+             "truncation_strategy": "delete"}
     (tmp_path / "sample_progress.jsonl").write_text(json.dumps({"fingerprint": older}) + "\n"
                                                     + json.dumps({"row_index": 0}) + "\n")
     assert prepare_resume(str(out), expected) == {0}

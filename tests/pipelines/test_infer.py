@@ -120,3 +120,34 @@ def test_chat_without_max_new_tokens_and_a_failing_turn_goes_on():
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_a_row_over_max_length_is_skipped_and_counted(tmp_path):
+    """`swift infer --max_length N` (ms-swift's prompt cap): a longer prompt is that row's failure
+    under the default delete; with left every row is answered."""
+    data = tmp_path / "val.jsonl"
+    rows = [{"query": "1+1=", "response": "2"}, {"query": "1+1 " * 30, "response": "2"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["--model", "builtin:tiny-chat", "--val_dataset", str(data), "--max_new_tokens", "4", "--max_length", "40"]
+    summary = infer_main(argv + ["--result_path", str(tmp_path / "a.jsonl")])
+    assert summary["num_rows"] == 1 and summary["failed"] == [f"{data} row 2"]
+    summary = infer_main(argv + ["--result_path", str(tmp_path / "b.jsonl"), "--truncation_strategy", "left"])
+    assert summary["num_rows"] == 2 and summary["num_failed"] == 0
+
+
+@pytest.mark.parametrize("command", ["infer", "deploy", "eval", "sample", "app", "rollout"])
+def test_the_commands_that_generate_refuse_loss_scale(command):
+    from swift.arguments.parser import parse_args
+    from swift.cli.main import ARGUMENT_CLASSES, _import
+
+    with pytest.raises(SwiftError, match="^--loss_scale applies to training"):
+        parse_args(_import(ARGUMENT_CLASSES[command]), ["--model", "builtin:tiny-chat", "--loss_scale", "all"])
+
+
+def test_sample_refuses_max_length_where_it_encodes_no_prompt():
+    from swift.arguments.parser import parse_args
+    from swift.pipelines.sample import SampleArguments
+
+    with pytest.raises(SwiftError, match="^--max_length caps prompts this command encodes; with --sampler_engine client"):
+        parse_args(SampleArguments, ["--sampler_engine", "client", "--engine_kwargs", '{"base_url": "http://h:1/v1"}',
+                                     "--max_length", "64", "--dataset", "x.jsonl"])
