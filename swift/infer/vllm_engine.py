@@ -72,7 +72,7 @@ class VllmEngine(InferEngine):
         self.max_model_len = self.engine.model_config.max_model_len
         self.vocab_size = self.engine.model_config.get_vocab_size()
         self._ids = itertools.count()
-        self.eos_ids = eos_token_ids(tokenizer, model_dir)
+        self.eos_ids = eos_token_ids(tokenizer, model_dir) | template.end_of_turn_ids()
 
     def _run(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()

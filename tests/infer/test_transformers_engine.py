@@ -71,6 +71,27 @@ def test_stop_words_and_length(engine):
     assert cut.finish_reason == "stop" and cut.text == free.text[: free.text.find(stop)]
 
 
+@pytest.mark.parametrize("template", ["chatml", "jinja"])
+def test_the_templates_end_of_turn_token_ends_the_answer_when_eos_is_another(template):
+    """A base model trained on a chat template (Qwen2.5 base: EOS <|endoftext|>, turns end with
+    <|im_end|>) stops at the template's end-of-turn token, as ms-swift's template stop words make it
+    (before 2026-11-29 it wrote on to the length limit, and no --stop_words could name the token)."""
+    from swift.model import load_model
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    tokenizer.eos_token = "<|endoftext|>"
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end != tokenizer.eos_token_id
+    engine = TransformersEngine(model, tokenizer, get_template(template, tokenizer))
+    try:
+        answer = engine.infer([chat("7+5=")], RequestConfig(max_tokens=12, logit_bias={im_end: 100.0}))[0]
+    finally:
+        engine.close()
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop" and choice.token_ids == [] and choice.stop_token_id == im_end
+
+
 def test_logprobs_match_a_manual_forward(engine, tiny):
     model, _, _ = tiny
     choice = engine.infer([chat("hi")], RequestConfig(max_tokens=3, logprobs=True, top_logprobs=3))[0].choices[0]
