@@ -96,7 +96,7 @@ class ComposedArguments:
 
 
 # Values that depend on the launch (torchrun sets them) rather than on the run's recipe.
-_NOT_SAVED = {"local_rank"}
+_NOT_SAVED = {"local_rank", "resume_from_checkpoint"}  # a run from args.json starts anew
 
 
 def to_jsonable(value: Any) -> Any:

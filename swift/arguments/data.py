@@ -56,6 +56,15 @@ class DataArguments:
                              "encoded up front and --streaming is lazy already")
         if self.streaming and self.packing:
             raise SwiftError("--packing needs the whole dataset up front; it cannot be combined with --streaming")
+        if self.val_dataset and self.split_dataset_ratio > 0:
+            raise SwiftError("--val_dataset is the validation data; --split_dataset_ratio would hold out rows that "
+                             "nothing validates on: give one")
+        if self.streaming and self.split_dataset_ratio > 0:
+            raise SwiftError("--streaming reads rows in order and holds none out: give --val_dataset instead of "
+                             "--split_dataset_ratio")
+        if (self.streaming or self.lazy_tokenize) and self.dataset_num_proc != 1:
+            raise SwiftError(f"--dataset_num_proc encodes rows up front; with --{'streaming' if self.streaming else 'lazy_tokenize'} "
+                             "rows are encoded as training reaches them")
         self.column_map  # validate early
         if isinstance(self.cached_dataset, str):
             self.cached_dataset = [self.cached_dataset]

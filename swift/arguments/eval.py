@@ -29,6 +29,10 @@ class TrainEvalArguments:
                              "true, as in ms-swift (validation data is --val_dataset)")
         if self.eval_use_evalscope and not self.eval_dataset:
             raise SwiftError("--eval_use_evalscope needs --eval_dataset (e.g. gsm8k, arith, or a jsonl/csv file)")
+        for flag in ("eval_limit", "eval_dataset_args", "eval_generation_config"):
+            if getattr(self, flag) is not None and not self.eval_use_evalscope:
+                raise SwiftError(f"--{flag} shapes the benchmarks scored during training; it needs "
+                                 "--eval_use_evalscope and --eval_dataset")
         if self.eval_limit is not None and self.eval_limit < 1:
             raise SwiftError("--eval_limit must be at least 1")
         self.dataset_args = json_flag(self.eval_dataset_args, "--eval_dataset_args")

@@ -2,6 +2,7 @@
 (aliases, per-algorithm defaults, flags an algorithm does not read), and the composed command."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -59,6 +60,7 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
                              f"{len(self.loss_type or [])} --loss_type")
         if not 0 <= self.label_smoothing < 0.5:
             raise SwiftError(f"--label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        self._refuse_unread_by_loss_types(algo)
         if self.beta is not None and self.beta <= 0 and algo.trainer == "preference":
             raise SwiftError(f"--beta must be > 0, got {self.beta}")
         self._check_ppo()
@@ -67,18 +69,41 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
         if algo.trainer == "rollout":
             self._check_online()
         if algo.trainer == "distill":
-            if not 0 <= self.beta <= 1:
-                raise SwiftError(f"--beta must be in [0, 1] for gkd, got {self.beta}")
-            if not self.teacher_model:
-                raise SwiftError("--rlhf_type gkd needs --teacher_model")
-            if not 0 <= self.lmbda <= 1:
-                raise SwiftError(f"--lmbda must be in [0, 1], got {self.lmbda}")
+            self._check_distill()
+
+    def _check_distill(self) -> None:
+        """Distillation's values, and its flags that this --lmbda / --seq_kd never reach: --sft_alpha
+        applies on the steps that train on the dataset's answers, the sampling flags on those that sample."""
+        if not 0 <= self.beta <= 1:
+            raise SwiftError(f"--beta must be in [0, 1] for gkd, got {self.beta}")
+        if not self.teacher_model:
+            raise SwiftError("--rlhf_type gkd needs --teacher_model")
+        if not 0 <= self.lmbda <= 1:
+            raise SwiftError(f"--lmbda must be in [0, 1], got {self.lmbda}")
+        if self.sft_alpha and self.lmbda == 1:
+            raise SwiftError("--sft_alpha weighs the NLL on steps that train on the dataset's (or --seq_kd teacher's) "
+                             "answers, and with --lmbda 1 every step trains on the student's own samples: lower "
+                             "--lmbda or drop --sft_alpha")
+        if self.lmbda == 0 and not self.seq_kd:
+            for f in dataclasses.fields(SamplingFlags):
+                if getattr(self, f.name) != f.default:
+                    raise SwiftError(f"--{f.name} sets how answers are sampled, and with --lmbda 0 and no --seq_kd "
+                                     "no step samples any: raise --lmbda, add --seq_kd, or drop it")
+
+    def _refuse_unread_by_loss_types(self, algo) -> None:
+        """A flag only some loss types read (DPO's --label_smoothing: sigmoid and robust), given when
+        none of the --loss_type given reads it (TRL ignores it), is refused naming those that do."""
+        for name, unread_by in algo.unread_by_loss_types.items():
+            default = next(f.default for f in dataclasses.fields(self) if f.name == name)
+            if getattr(self, name) == default or not all(t in unread_by for t in self.loss_type or []):
+                continue
+            readers = [t for t in algo.loss_types if t not in unread_by]
+            raise SwiftError(f"--{name} does nothing with --loss_type {' '.join(self.loss_type)}; it is read by "
+                             f"--loss_type {', '.join(readers)}")
 
     def _refuse_unread(self, algo) -> None:
         """A flag this algorithm does not read, given a value other than its default, is refused in
         one line (before aliases and defaults change any value), naming the algorithms that read it."""
-        import dataclasses
-
         from swift.rlhf import ALGORITHMS
         from swift.rlhf.base import FLAG_ALIASES
 
@@ -387,6 +412,11 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
 
 
 OPENRLHF_ESTIMATORS = {"group_norm": "grpo"}
+# the data kinds (`Algorithm.data`) whose loss covers the last answer alone, and why
+LOSS_SCALE_UNREAD = {"pair": "its loss compares the chosen and rejected last answers; other tokens would join them",
+                     "unpaired": "its loss scores the last answer; other tokens would join it",
+                     "steps": "its labels sit on the --step_separator tokens",
+                     "prompt": "it trains on the completions it samples"}
 
 
 class RLHFArguments(SftArguments):
@@ -407,6 +437,10 @@ class RLHFArguments(SftArguments):
         if self.cached_dataset:
             raise SwiftError("--cached_dataset holds sft/pt samples; swift rlhf encodes its pairs, groups and prompts "
                              "from --dataset at start")
+        if self.streaming:  # (before 2026-11-29 every type stopped at its first batch: KeyError, TypeError)
+            raise SwiftError("--streaming encodes sft/pt samples as training reads them; swift rlhf encodes its pairs, "
+                             "groups and prompts from --dataset at start: drop --streaming")
+        self._check_loss_scale(algo)
         super().__post_init__()
         if self.packing or self.padding_free:
             raise SwiftError(f"--{'packing' if self.packing else 'padding_free'} is not supported with swift rlhf "
@@ -442,6 +476,21 @@ class RLHFArguments(SftArguments):
             self._check_harmless()
         if self.training_args.deepspeed_config:
             self._check_deepspeed(algo)
+
+    def _check_loss_scale(self, algo) -> None:
+        """--loss_scale other than last_round (the default here, as in ms-swift) is read by distillation
+        alone, on the dataset's answers. Pairs and KTO split prompt from answer at the first token with
+        loss (under `all` the prompt would be empty, under `default` earlier turns would join the
+        answer); PRM labels its step separators and online RL its own samples."""
+        if self.loss_scale == "last_round":
+            return
+        r = self.rlhf_args
+        why = LOSS_SCALE_UNREAD.get(algo.data)
+        if algo.data == "conversation" and (r.seq_kd or r.lmbda == 1):
+            why = "with --seq_kd or --lmbda 1 every step trains on sampled answers, not the dataset's"
+        if why:
+            raise SwiftError(f"--loss_scale {self.loss_scale} does not apply to --rlhf_type {self.rlhf_type} ({why}); "
+                             "leave it at last_round, the default")
 
     def _check_harmless(self) -> None:
         r = self.rlhf_args

@@ -88,7 +88,9 @@ class DistillFlags:
         "help": "gkd: sequence-level KD — train on the teacher's own answers to the prompts (sampled with "
                 "--temperature, up to --max_completion_length) instead of the dataset's."})
     lmbda: float = field(default=0.5, metadata={"help": "gkd: fraction of steps trained on the student's own samples."})
-    sft_alpha: float = field(default=0.0, metadata={"help": "gkd: weight of the NLL of the dataset answers."})
+    sft_alpha: float = field(default=0.0, metadata={
+        "help": "gkd: weight of the NLL of the dataset's answers (the teacher's with --seq_kd) on the steps that "
+                "do not sample (refused with --lmbda 1)."})
 
 
 @dataclass

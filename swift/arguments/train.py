@@ -18,6 +18,16 @@ from swift.arguments.tuner import TunerArguments
 from swift.utils.registry import SwiftError
 
 
+# Seq2Seq/Trainer fields nothing here reads (the loss and the generation evaluation are our own)
+UNREAD_HF_FLAGS = (
+    ("label_smoothing_factor", 0.0, "is not applied: the losses are computed here, not by HF's label smoother"),
+    ("sortish_sampler", False, "is Seq2SeqTrainer's sampler; this trainer does not use it"),
+    ("generation_num_beams", None, "does nothing: --predict_with_generate decodes greedily (ms-swift's num_beams is "
+                                   "refused for the same reason)"),
+    ("generation_config", None, "does nothing: --predict_with_generate decodes greedily up to --generation_max_length"),
+)
+
+
 @dataclass
 class TrainingArguments(Seq2SeqTrainingArguments):
     """HF training arguments with the defaults ms-swift users expect."""
@@ -46,6 +56,9 @@ class TrainingArguments(Seq2SeqTrainingArguments):
     def __post_init__(self) -> None:
         from swift.plugin import registry
 
+        for flag, default, why in UNREAD_HF_FLAGS:
+            if getattr(self, flag) != default:
+                raise SwiftError(f"--{flag} {why}")
         for name in self.callbacks:
             registry("callback").get(name)  # a miss lists the registered names
         # ms-swift's preset names, a JSON file or a dict (HF would take a name as a path). Set up when the
@@ -75,6 +88,10 @@ class TrainingArguments(Seq2SeqTrainingArguments):
             # works with frozen input embeddings (LoRA) without making the inputs require grad
             self.gradient_checkpointing_kwargs = {"use_reentrant": False}
         if self.warmup_ratio:
+            # (before 2026-11-29 the ratio won silently, the reverse of HF's precedence); args.json
+            # records the ratio in both, as set below
+            if self.warmup_steps and self.warmup_steps != self.warmup_ratio:
+                raise SwiftError("--warmup_ratio and --warmup_steps both set the warmup; give one")
             if not 0 <= self.warmup_ratio < 1:
                 raise SwiftError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
             self.warmup_steps = self.warmup_ratio
@@ -146,6 +163,9 @@ class SftArguments(ComposedArguments):
         cached = kwargs.get("cached_dataset") or []
         has_val = bool(kwargs.get("val_dataset")) or float(kwargs.get("split_dataset_ratio") or 0) > 0 or any(
             os.path.isdir(os.path.join(d, "val")) for d in ([cached] if isinstance(cached, str) else cached))
+        if str(kwargs.get("eval_strategy") or "no") != "no" and not has_val:
+            raise SwiftError(f"--eval_strategy {kwargs['eval_strategy']} evaluates on validation data; give "
+                             "--val_dataset or --split_dataset_ratio")
         if kwargs.get("eval_strategy") is None:  # with validation data, evaluate whenever a checkpoint is saved
             kwargs["eval_strategy"] = ("epoch" if str(kwargs.get("save_strategy")) == "epoch" else "steps") \
                 if has_val else "no"
@@ -158,6 +178,16 @@ class SftArguments(ComposedArguments):
             raise SwiftError("--model is required (a local directory, a hub id, or builtin:tiny-chat)")
         if not self.dataset and not self.cached_dataset:
             raise SwiftError("--dataset is required (a file, a hub id, or builtin:arith-sft)")
+        if self.generation_max_length and not self.predict_with_generate:
+            raise SwiftError("--generation_max_length caps the answers of --predict_with_generate; it is not set")
+        if self.predict_with_generate and not (self.val_dataset or self.split_dataset_ratio > 0 or self.cached_dataset):
+            raise SwiftError("--predict_with_generate answers the validation rows; give --val_dataset or "
+                             "--split_dataset_ratio")
+        if self.streaming and self.dataloader_num_workers > 1:  # each worker would read the whole stream
+            raise SwiftError("--streaming reads one stream: with --dataloader_num_workers above 1 every worker would "
+                             "yield every row (use 0 or 1)")
+        if self.num_labels is not None and self.task_type == "causal_lm":
+            raise SwiftError("--num_labels applies to --task_type seq_cls / token_cls")
         if self.cached_dataset and self.training_args.predict_with_generate:
             raise SwiftError("--predict_with_generate prompts the model with raw validation rows; a --cached_dataset "
                              "holds encoded ones only (its eval loss is computed)")

@@ -62,7 +62,8 @@ class TunerArguments:
             except re.error as e:
                 raise SwiftError(f"--target_regex {self.target_regex!r} is not a valid regular expression: {e}") from None
         lora_only = [flag for flag, value, default in (
-            ("target_regex", self.target_regex, None), ("modules_to_save", self.modules_to_save, []),
+            ("lora_rank", self.lora_rank, 8), ("lora_alpha", self.lora_alpha, 32), ("lora_dropout", self.lora_dropout, 0.05),
+            ("target_modules", list(self.target_modules), ["all-linear"]), ("target_regex", self.target_regex, None), ("modules_to_save", self.modules_to_save, []),
             ("lora_bias", self.lora_bias, "none"), ("use_dora", self.use_dora, False),
             ("use_rslora", self.use_rslora, False), ("init_weights", str(self.init_weights).lower(), "true"),
             ("lora_dtype", self.lora_dtype, None)) if value != default]
@@ -70,5 +71,7 @@ class TunerArguments:
             raise SwiftError(f"--{lora_only[0]} shapes a new LoRA adapter; it does not apply to "
                              + ("--tuner_type full" if self.tuner_type != "lora" else
                                 "--adapters (the loaded adapter keeps its own configuration)"))
-        if self.tuner_type == "lora" and (self.freeze_parameters or self.freeze_parameters_ratio):
-            raise SwiftError("--freeze_parameters / --freeze_parameters_ratio apply to --tuner_type full")
+        if self.tuner_type == "lora" and (self.freeze_parameters or self.freeze_parameters_ratio
+                                          or self.trainable_parameters):
+            raise SwiftError("--freeze_parameters / --freeze_parameters_ratio / --trainable_parameters apply to "
+                             "--tuner_type full")

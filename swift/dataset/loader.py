@@ -60,6 +60,7 @@ class RowSet:
     origins: list[str] = field(default_factory=list)
     dropped: Counter = field(default_factory=Counter)
     first_bad: dict[str, str] = field(default_factory=dict)
+    seen: int = 0  # rows read from the files, good and bad (a `#N` sample may repeat or leave out some)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -71,6 +72,7 @@ class RowSet:
     def extend(self, other: "RowSet") -> None:
         self.rows += other.rows
         self.origins += other.origins
+        self.seen += other.seen
         self.dropped.update(other.dropped)
         for k, v in other.first_bad.items():
             self.first_bad.setdefault(k, v)
@@ -88,23 +90,48 @@ class RowSet:
             return None
         reasons = "; ".join(f"{n} × {reason} (first: {self.first_bad[reason]})"
                             for reason, n in self.dropped.most_common())
-        line = f"{what}: dropped {total} of {total + len(self.rows)} rows: {reasons}"
+        line = f"{what}: dropped {total} of {self.seen or total + len(self.rows)} rows read: {reasons}"
         logger.warning(line)
         return line
 
 
 # -- raw readers -------------------------------------------------------------------------------
 def iter_file(path: str) -> Iterator[tuple[int, Any]]:
-    """Yield (row_number, raw_row) from a local file; row numbers are 1-based lines or items."""
+    """Yield (row_number, raw_row) from a local file; row numbers are 1-based lines or items. A file
+    that cannot be read as its type (not UTF-8, not parquet) stops the run in one line naming it."""
+    try:
+        yield from _read_file(path)
+    except UnicodeDecodeError as e:
+        raise SwiftError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    except csv.Error as e:
+        raise SwiftError(f"{path}: not a readable CSV file ({e})") from None
+    except OSError as e:
+        raise SwiftError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except ValueError as e:  # pyarrow's ArrowInvalid: not a parquet file
+        if Path(path).suffix.lower() != ".parquet":
+            raise
+        raise SwiftError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+
+
+def _read_file(path: str) -> Iterator[tuple[int, Any]]:
     suffix = Path(path).suffix.lower()
-    if suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield i, json.loads(line)
-                    except json.JSONDecodeError as e:
-                        yield i, RowError(f"invalid JSON ({e.msg} at column {e.colno})")
+    if suffix in (".jsonl", ".txt"):  # read by line: a line that is not UTF-8 is that row's error
+        with open(path, "rb") as f:
+            for i, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield i, RowError(f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})")
+                    continue
+                if not line.strip():
+                    continue
+                if suffix == ".txt":
+                    yield i, {"text": line.rstrip("\r\n")}
+                    continue
+                try:
+                    yield i, json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield i, RowError(f"invalid JSON ({e.msg} at column {e.colno})")
     elif suffix == ".json":
         with open(path, encoding="utf-8") as f:
             try:
@@ -122,11 +149,6 @@ def iter_file(path: str) -> Iterator[tuple[int, Any]]:
         import pyarrow.parquet as pq
 
         yield from enumerate(pq.read_table(path).to_pylist(), 1)
-    elif suffix == ".txt":
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if line.strip():
-                    yield i, {"text": line.rstrip("\n")}
     else:
         raise SwiftError(f"dataset file {path}: unsupported type '{suffix}'; use one of {', '.join(FILE_TYPES)}")
 
@@ -142,7 +164,7 @@ def _hub_files(spec: DatasetSpec, use_hf: bool) -> list[str]:
     return train or files
 
 
-def iter_raw(spec: DatasetSpec, use_hf: bool = False) -> Iterator[tuple[str, Any]]:
+def iter_raw(spec: DatasetSpec, use_hf: bool = False, flag: str = "--dataset") -> Iterator[tuple[str, Any]]:
     """Yield (origin, raw_row) for a spec, in file order."""
     generated = next((p for p in ("builtin:", "reasoning_gym:", "verifiers:") if spec.source.startswith(p)), None)
     if generated:  # rows made by code (built-in, a reasoning-gym task, a verifiers environment), by split
@@ -166,7 +188,7 @@ def iter_raw(spec: DatasetSpec, use_hf: bool = False) -> Iterator[tuple[str, Any
     elif os.path.isdir(spec.source):
         files = sorted(str(p) for p in Path(spec.source).rglob("*") if p.suffix.lower() in FILE_TYPES)
     elif os.path.exists(spec.source) or spec.source.endswith(FILE_TYPES) or spec.source.count("/") != 1:
-        raise SwiftError(f"--dataset {spec.source}: no such file")
+        raise SwiftError(f"{flag} {spec.source}: no such file")
     else:
         files = _hub_files(spec, use_hf)
     for path in files:
@@ -174,9 +196,10 @@ def iter_raw(spec: DatasetSpec, use_hf: bool = False) -> Iterator[tuple[str, Any
             yield f"{path} row {i}", row
 
 
-def standard_rows(spec: DatasetSpec, *, column_map: dict, strict: bool, use_hf: bool = False) -> Iterator[tuple[str, Any]]:
+def standard_rows(spec: DatasetSpec, *, column_map: dict, strict: bool, use_hf: bool = False,
+                  flag: str = "--dataset") -> Iterator[tuple[str, Any]]:
     """Yield (origin, standard row or RowError)."""
-    for origin, raw in iter_raw(spec, use_hf):
+    for origin, raw in iter_raw(spec, use_hf, flag):
         if isinstance(raw, RowError):
             yield origin, raw
             continue
@@ -195,27 +218,28 @@ def _take(rowset: RowSet, n: int, rng: random.Random) -> RowSet:
         return rowset
     reps, rem = divmod(n, len(rowset.rows))
     idx = list(range(len(rowset.rows))) * reps + sorted(rng.sample(range(len(rowset.rows)), rem))
-    out = RowSet(dropped=rowset.dropped, first_bad=rowset.first_bad)
+    out = RowSet(dropped=rowset.dropped, first_bad=rowset.first_bad, seen=rowset.seen)
     for i in idx:
         out.add(rowset.rows[i], rowset.origins[i])
     return out
 
 
 def load_rows(specs: list[str], *, column_map: dict | None = None, strict: bool = False, seed: int = 42,
-              use_hf: bool = False, shuffle: bool = False) -> RowSet:
-    """Load and mix several dataset specs into one RowSet of standard rows."""
+              use_hf: bool = False, shuffle: bool = False, flag: str = "--dataset") -> RowSet:
+    """Load and mix several dataset specs into one RowSet of standard rows (`flag` names them in errors)."""
     rng = random.Random(seed)
     mixed = RowSet()
     for text in specs:
         spec = DatasetSpec.parse(text)
         part = RowSet()
-        for origin, row in standard_rows(spec, column_map=column_map or {}, strict=strict, use_hf=use_hf):
+        for origin, row in standard_rows(spec, column_map=column_map or {}, strict=strict, use_hf=use_hf, flag=flag):
+            part.seen += 1
             if isinstance(row, RowError):
                 part.reject(origin, row, strict)
             else:
                 part.add(row, origin)
         if not part.rows:
-            raise SwiftError(f"dataset '{text}' has no usable rows" + (f" ({part.dropped.most_common(1)[0][0]})" if part.dropped else ""))
+            raise SwiftError(f"{flag} {text}: no usable rows" + (f" ({part.dropped.most_common(1)[0][0]})" if part.dropped else ""))
         if spec.n is not None:
             part = _take(part, spec.n, rng)
         mixed.extend(part)
@@ -232,7 +256,7 @@ def split_rows(rowset: RowSet, ratio: float, seed: int) -> tuple[RowSet, RowSet]
     order = list(range(len(rowset.rows)))
     random.Random(seed).shuffle(order)
     n_val = max(1, int(round(len(order) * ratio)))
-    train, val = RowSet(dropped=rowset.dropped, first_bad=rowset.first_bad), RowSet()
+    train, val = RowSet(dropped=rowset.dropped, first_bad=rowset.first_bad, seen=rowset.seen), RowSet()
     for k, i in enumerate(order):
         (val if k < n_val else train).add(rowset.rows[i], rowset.origins[i])
     return train, val
@@ -245,7 +269,7 @@ def read_rows(data_args, seed: int, use_hf: bool) -> tuple[RowSet, RowSet]:
     load = dict(column_map=d.column_map, strict=d.strict, seed=seed, use_hf=use_hf)
     train_rows = load_rows(d.dataset, shuffle=d.dataset_shuffle, **load)
     if d.val_dataset:
-        val_rows = load_rows(d.val_dataset, **load)
+        val_rows = load_rows(d.val_dataset, flag="--val_dataset", **load)
     elif d.split_dataset_ratio > 0:
         train_rows, val_rows = split_rows(train_rows, d.split_dataset_ratio, seed)
     else:

@@ -37,6 +37,13 @@ def _as_text(value: Any, what: str) -> str:
     return str(value)
 
 
+def _message_list(value: Any, what: str) -> list[dict]:
+    """`value` if it is a list of objects (a conversation), or a RowError naming the column."""
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise RowError(f"{what} must be a list of message objects, got {str(value)[:80]!r}")
+    return value
+
+
 def _messages_from_sharegpt(turns: list) -> list[dict]:
     out = []
     for t in turns:
@@ -75,12 +82,14 @@ def _messages_from_query(row: dict, used: set[str]) -> list[dict] | None:
         used.add(sk)
         messages.append({"role": "system", "content": system})
     for pair in row.get("history") or []:  # alpaca/oaast multi-turn history: [[query, response], ...]
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise RowError(f"history entry {pair!r} is not a [query, response] pair")
         messages += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
     used.add("history")
     if qk is not None:
         used.add(qk)
         if isinstance(query, list):  # conversational prompt (TRL)
-            messages += [dict(m) for m in query]
+            messages += [dict(m) for m in _message_list(query, qk)]
         else:
             query = _as_text(query, qk)
             if qk == "instruction" and row.get("input"):  # alpaca: instruction + input
@@ -105,7 +114,7 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
             messages = _messages_from_sharegpt(messages)
     elif "conversations" in row:
         used.add("conversations")
-        messages = _messages_from_sharegpt(row["conversations"])
+        messages = _messages_from_sharegpt(_message_list(row["conversations"], "conversations"))
     elif "text" in row and not any(k in row for k in QUERY_KEYS + CHOSEN_KEYS):
         text = row["text"]
         if not isinstance(text, str) or not text:
@@ -124,7 +133,7 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
     if messages is None:
         raise RowError(f"no conversation found: expected 'messages', 'conversations', 'text', or query/response "
                        f"columns ({'|'.join(QUERY_KEYS)} / {'|'.join(RESPONSE_KEYS)}); got {sorted(raw)}")
-    messages = _tool_roles([dict(m) for m in messages])
+    messages = _tool_roles([dict(m) for m in _message_list(messages, "messages")])
     if ck is not None and ck not in used:  # preference row: chosen is the final assistant turn
         used.add(ck)
         messages.append({"role": "assistant", "content": _as_text(chosen, ck)})
@@ -185,13 +194,15 @@ def _tool_roles(messages: list[dict]) -> list[dict]:
 
 
 def _as_bool(value: Any) -> bool:
+    """true/false, 1/0 or yes/no; anything else (-1 for a thumbs-down, 2) is a row error, not a guess."""
     if isinstance(value, str):
         if value.lower() in ("true", "1", "yes"):
             return True
         if value.lower() in ("false", "0", "no"):
             return False
-        raise RowError(f"label {value!r} is not a boolean")
-    return bool(value)
+    elif isinstance(value, bool) or (isinstance(value, (int, float)) and value in (0, 1)):
+        return bool(value)
+    raise RowError(f"label {value!r} is not a boolean (true/false, 1/0)")
 
 
 def _check_messages(messages: Any) -> None:
@@ -204,5 +215,22 @@ def _check_messages(messages: Any) -> None:
             raise RowError(f"message {i} has role '{m['role']}', expected one of {', '.join(ROLES)}")
         if m.get("content") is None:
             raise RowError(f"message {i} ({m['role']}) has no content")
-        if not isinstance(m["content"], str):
-            m["content"] = str(m["content"])
+        m["content"] = _content_text(m["content"], i)
+
+
+def _content_text(content: Any, i: int) -> str:
+    """A message's content as the text the model reads: OpenAI's text parts joined (as the server
+    reads them), an object (a tool's result) as JSON, a number as written; an image part or a
+    boolean is a row error (before 2026-11-29 any of them was trained on as its Python repr)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and "type" in p for p in content):
+        kinds = {p["type"] for p in content} - {"text"}
+        if kinds or not all(isinstance(p.get("text"), str) for p in content):
+            raise RowError(f"message {i} has a {sorted(kinds)[0] if kinds else 'malformed'!r} part; text parts only")
+        return "".join(p["text"] for p in content)
+    if isinstance(content, bool):
+        raise RowError(f"message {i} has content {content!r}, expected text")
+    if isinstance(content, (int, float)):
+        return str(content)
+    return json.dumps(content, ensure_ascii=False)

@@ -69,19 +69,67 @@ def encode_unpaired(template: Template, row: dict, a=None) -> dict:
             "_prompt": prompt, "_completion": (completion, labels)}
 
 
-def add_mismatched(samples: list[dict], batch_size: int) -> list[dict]:
-    """KTO's KL baseline: pair each prompt with the previous row's completion within blocks of
-    `batch_size` rows (x_1, y_n), (x_2, y_1), ..., fixed at encoding time so precomputed reference
-    log-probs stay valid. The block is the global micro-batch (all ranks), so the pairs do not
-    depend on how many ranks share it."""
-    for start in range(0, len(samples), batch_size):
-        block = samples[start:start + batch_size]
-        for i, s in enumerate(block):
-            completion, labels = block[i - 1]["_completion"]
-            s["sequences"].append((s["_prompt"] + completion, [IGNORE_INDEX] * len(s["_prompt"]) + labels))
+def mismatched_block(batch_size: int, grad_accum: int, world_size: int, rlhf_type: str) -> int:
+    """Rows per block of KTO's mismatched pairs: one optimizer step's rows over all ranks (ms-swift's
+    prepare_kto_dataset). One row alone could only be paired with itself, and the KL baseline would
+    then be the row's own reward (TRL refuses a batch size of 1 for that reason)."""
+    block = batch_size * grad_accum * world_size
+    if block <= 1:
+        raise SwiftError(f"--rlhf_type {rlhf_type} needs more than 1 row per optimizer step "
+                         f"(--per_device_train_batch_size {batch_size} × --gradient_accumulation_steps {grad_accum} "
+                         f"× {world_size} rank(s) = {block}): its KL baseline pairs each prompt with another row's "
+                         "answer; raise one of them")
+    return block
+
+
+def _block_bounds(n: int, block: int) -> list[tuple[int, int]]:
+    """Consecutive blocks of `block` rows; a last block of one row joins the one before it."""
+    starts = list(range(0, n, block))
+    if len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    return list(zip(starts, [*starts[1:], n]))
+
+
+def _mismatched(prompt: list[int], completion: list[int], labels: list[int],
+                max_length: int | None) -> tuple[list[int], list[int]]:
+    """`prompt` followed by another row's completion, whose end is cut to fit `max_length`. Some of
+    it always remains: the prompt is the row's own, which fits with at least one answer token."""
+    room = len(completion) if max_length is None else max(max_length - len(prompt), 0)
+    return prompt + completion[:room], [IGNORE_INDEX] * len(prompt) + labels[:room]
+
+
+def add_mismatched(samples: list[dict], block: int, max_length: int | None = None,
+                   what: str = "the dataset") -> list[dict]:
+    """KTO's KL baseline (eq. 8) is estimated from mismatched pairs: in consecutive blocks of `block`
+    rows in data order, each prompt with the previous row's completion, (x_1, y_n), (x_2, y_1), ...
+    (ms-swift's prepare_kto_dataset, TRL's shift by one). A last block of a single row joins the block
+    before it, so no row is ever paired with its own completion. The pairs are fixed here, at encoding
+    time (precomputed reference log-probs stay valid); the sampler then shuffles the rows, so a
+    micro-batch's mismatched completions are other rows' of the data, not of its own micro-batch.
+    A mismatched sequence keeps its prompt and is cut at the end to `max_length`."""
+    if len(samples) == 1:
+        raise SwiftError(f"{what} holds 1 row after encoding: KTO's KL baseline pairs each prompt with another "
+                         "row's answer, so it needs at least 2")
+    for start, end in _block_bounds(len(samples), block):
+        group = samples[start:end]
+        for i, s in enumerate(group):
+            completion, labels = group[i - 1]["_completion"]
+            s["sequences"].append(_mismatched(s["_prompt"], completion, labels, max_length))
     for s in samples:
         del s["_prompt"], s["_completion"]
     return samples
+
+
+def _step_label(label: Any) -> int:
+    """A PRM step label as 0/1: a bool, the ints 0/1 or the strings true/false (any case); anything
+    else is the row's error (bool("false") would be 1, bool(None) 0)."""
+    if isinstance(label, bool):
+        return int(label)
+    if isinstance(label, int) and label in (0, 1):
+        return label
+    if isinstance(label, str) and label.lower() in ("true", "false"):
+        return int(label.lower() == "true")
+    raise RowError(f"step label {label!r} is not a boolean (true/false, or 1/0)")
 
 
 def encode_steps(template: Template, row: dict, a) -> dict:
@@ -92,6 +140,7 @@ def encode_steps(template: Template, row: dict, a) -> dict:
         raise RowError("process-reward rows need 'completions' (a list of steps) and 'labels' (one bool per step)")
     if len(steps) != len(labels):
         raise RowError(f"{len(steps)} steps but {len(labels)} labels")
+    labels = [_step_label(x) for x in labels]  # every label, also those of steps cut below
     ids = template.encode_prompt(row["messages"])
     targets = [IGNORE_INDEX] * len(ids)
     for step, label in zip(steps, labels):
@@ -99,7 +148,7 @@ def encode_steps(template: Template, row: dict, a) -> dict:
         if a.max_length and len(ids) + len(step_ids) > a.max_length:
             break  # later steps do not fit
         ids += step_ids
-        targets += [IGNORE_INDEX] * (len(step_ids) - 1) + [int(bool(label))]
+        targets += [IGNORE_INDEX] * (len(step_ids) - 1) + [label]
     if all(t == IGNORE_INDEX for t in targets):
         raise RowError(f"no step fits in --max_length {a.max_length}")
     return {"sequences": [(ids, targets)]}
@@ -224,9 +273,10 @@ class RLHFPipeline(TrainPipeline):
         a = self.args
         samples = encode_rows(rowset, self.row_encoder(template), strict=a.strict, desc=desc,
                               num_proc=a.dataset_num_proc)
-        if self.algorithm.data == "unpaired":
-            samples = add_mismatched(samples, self.args.per_device_train_batch_size *
-                                     self.args.training_args.world_size)
+        if self.algorithm.data == "unpaired" and samples:
+            block = mismatched_block(a.per_device_train_batch_size, a.gradient_accumulation_steps,
+                                     a.training_args.world_size, a.rlhf_type)
+            samples = add_mismatched(samples, block, template.max_length, what=desc.replace("encode", "the") + " data")
         return samples
 
     def collator(self, tokenizer, model):

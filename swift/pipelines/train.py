@@ -91,7 +91,8 @@ class TrainPipeline:
             train = StreamingDataset(a.dataset, template, column_map=load["column_map"], strict=a.strict,
                                      use_hf=a.use_hf,
                                      prepare=lambda row: fill_identity([row], a.model_name, a.model_author))
-            val_rows = load_rows(a.val_dataset, **load) if a.val_dataset else RowSet()
+            val_rows = load_rows(a.val_dataset, flag="--val_dataset", **load) if a.val_dataset else RowSet()
+            fill_identity(val_rows.rows, a.model_name, a.model_author)  # as the training rows are
         elif a.cached_dataset:
             return self._cached(template, seed)
         else:
@@ -135,8 +136,10 @@ class TrainPipeline:
         if not len(val_rows):
             return None
         val_samples = self.encode(val_rows, template, "encode val")
-        val_rows.report("val dataset")
-        return ListDataset(val_samples) if val_samples else None
+        why = val_rows.report("val dataset")
+        if not val_samples:  # (HF would stop later, with a traceback, on an evaluation without data)
+            raise SwiftError(f"validation data: none of its rows could be encoded ({why})")
+        return ListDataset(val_samples)
 
     def row_encoder(self, template):
         """row -> training sample (raises RowError for a row that cannot be used)."""
@@ -242,9 +245,16 @@ def resolve_output_dir(a) -> str:
     checkpoint); a checkpoint from elsewhere starts a new version. Sets --output_dir to the run's
     directory."""
     base = a.output_dir
-    if not a.add_version:
-        return base
     resume = a.resume_from_checkpoint
+    if not a.add_version:  # the run is --output_dir itself; `last` is its newest checkpoint
+        if resume == "last":
+            last = get_last_checkpoint(base) if os.path.isdir(base) else None
+            if last is None:  # (before 2026-11-29 HF's lookup found none and the run started afresh)
+                raise SwiftError(f"--resume_from_checkpoint last: {base} has no checkpoint")
+            a.training_args.resume_from_checkpoint = last
+        elif resume and not os.path.isdir(resume):
+            raise SwiftError(f"--resume_from_checkpoint {resume}: no such checkpoint directory")
+        return base
     run_dir = None
     if resume == "last":  # every rank checks, so a refusal stops them all
         runs = sorted(_versions(base), reverse=True)

@@ -25,6 +25,8 @@ class Algorithm:
     defaults: default argument values (e.g. beta) that the user did not set.
     flags: the `swift rlhf` flags (RlhfArguments fields) this algorithm reads; a value other than its
         default for any other one is refused in one line (`swift.arguments.rlhf`).
+    unread_by_loss_types: a flag of `flags` that some built-in `loss_types` do not read -> those loss
+        types; a value other than its default is refused when every `--loss_type` given is one of them.
     whole_sequence_nll: the preference trainer also sums log-probs over every token (prompt included).
     critic: online RL with a learned value model (PPO): per-token advantages by GAE.
     proposal: online RL with a learned proposal that samples the policy's bad outputs (RePULSe).
@@ -42,6 +44,7 @@ class Algorithm:
     critic: bool = False
     proposal: bool = False
     flags: frozenset = frozenset()
+    unread_by_loss_types: dict = field(default_factory=dict)
 
 
 # flag groups the algorithms' `flags` are built from

@@ -107,8 +107,12 @@ def batch_loss(policy: SequenceLogps, ref: SequenceLogps, batch: dict, a) -> tup
     return terms, pair_metrics(a.beta * (c - rc), a.beta * (r - rr), c, r)
 
 
+# ε enters only sigmoid (cDPO) and robust; TRL 1.16 ignores it for the others as well
+NO_LABEL_SMOOTHING = frozenset({"ipo", "hinge", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down"})
+
 ALGORITHMS.register("dpo", Algorithm(trainer="preference", data="pair", loss=batch_loss, reference=True,
                                      defaults={"beta": 0.1, "loss_type": ["sigmoid"]}, loss_types=DPO_LOSSES,
                                      flags=COMMON_FLAGS | REFERENCE_FLAGS | {
                                          "precompute_ref_log_probs", "beta", "loss_type", "loss_weights",
-                                         "label_smoothing", "rpo_alpha"}))
+                                         "label_smoothing", "rpo_alpha"},
+                                     unread_by_loss_types={"label_smoothing": NO_LABEL_SMOOTHING}))

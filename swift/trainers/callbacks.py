@@ -1,13 +1,14 @@
 """Trainer callbacks: logging.jsonl, PNG curves, args.json inside checkpoints."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 
 from transformers import TrainerCallback
 
-from swift.utils.io import append_jsonl
+from swift.utils.io import append_jsonl, write_jsonl
 from swift.utils.registry import Registry
 from swift.trainers.plots import plot_logs
 
@@ -30,6 +31,22 @@ class JsonlLogCallback(TrainerCallback):
         self.path = os.path.join(output_dir, "logging.jsonl")
         self.images = os.path.join(output_dir, "images")
         self.start = time.time()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """Resumed in the same directory: the lines logged after the checkpoint go (they are logged
+        again), so each step appears once (before 2026-11-29 they were repeated)."""
+        if not (state.is_world_process_zero and state.global_step and os.path.exists(self.path)):
+            return
+        kept = []
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short when the run was stopped
+                    continue
+                if row.get("global_step", 0) <= state.global_step:
+                    kept.append(row)
+        write_jsonl(self.path, kept)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:

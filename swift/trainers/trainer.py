@@ -38,6 +38,15 @@ def causal_lm_loss(model, inputs: dict, num_items_in_batch: torch.Tensor | int |
     return loss / n
 
 
+def tokens_per_row(dataset) -> float | None:
+    """Labelled tokens (those predicted: labels[1:]) per row of an encoded dataset held in memory."""
+    items = getattr(dataset, "items", None)
+    if not items or not all(isinstance(s, dict) and "labels" in s for s in items):
+        return None
+    tokens = sum(sum(1 for t in list(s["labels"])[1:] if t != IGNORE_INDEX) for s in items)
+    return tokens / len(items) if tokens else None
+
+
 class SwiftMixin:
     """Mixed into `transformers.Trainer`; set `template` and `generation_rows` for generation eval."""
 
@@ -52,14 +61,21 @@ class SwiftMixin:
         return (loss, None) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """HF averages the returned loss over the evaluation's rows (each batch's once per row), so a
+        batch returns its token-loss sum per row scaled by the data's rows per token: the average is
+        then the mean over every labelled token, whatever --per_device_eval_batch_size is (before
+        2026-11-29 each batch's own token mean was averaged, and eval_loss moved with the batch size)."""
         inputs = self._prepare_inputs(inputs)
+        rows = inputs["labels"].size(0)
+        per_row = getattr(self, "_eval_tokens_per_row", None)
         with torch.no_grad():
-            loss = causal_lm_loss(model, inputs, None)
+            loss = causal_lm_loss(model, inputs, rows * per_row if per_row else None)
         return loss.detach(), None, None
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         metrics = {}
         if self.eval_dataset is not None or eval_dataset is not None:
+            self._eval_tokens_per_row = tokens_per_row(eval_dataset if eval_dataset is not None else self.eval_dataset)
             metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         if self.args.predict_with_generate and self.generation_rows and self.template is not None:
             acc = exact_match_accuracy(self.accelerator.unwrap_model(self.model), self.template, self.generation_rows,

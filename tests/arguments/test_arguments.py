@@ -160,6 +160,55 @@ def test_combinations_that_cannot_work_are_refused_in_one_line(kwargs, message):
         RLHFArguments(model="m", dataset=["d"], **kwargs)
 
 
+ONLINE = {"reward_funcs": ["accuracy"]}
+GKD = {"rlhf_type": "gkd", "teacher_model": "t"}
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    *[({"rlhf_type": t, "loss_scale": scale, **extra}, rf"^--loss_scale {scale} does not apply to --rlhf_type {t} \(")
+      for t, scale, extra in [("dpo", "all", {}), ("dpo", "default", {}), ("orpo", "default", {}), ("cpo", "all", {}),
+                              ("simpo", "all", {}), ("rm", "default", {}), ("kto", "default", {}), ("prm", "all", {}),
+                              ("grpo", "default", ONLINE), ("ppo", "all", ONLINE)]],
+    ({**GKD, "loss_scale": "all", "lmbda": 1.0},
+     r"^--loss_scale all does not apply to --rlhf_type gkd \(with --seq_kd"),
+    ({**GKD, "loss_scale": "default", "seq_kd": True}, r"^--loss_scale default does not apply to --rlhf_type gkd"),
+    *[({"rlhf_type": t, "streaming": True, "max_steps": 4, **extra}, r"^--streaming encodes sft/pt samples")
+      for t, extra in [("dpo", {}), ("kto", {}), ("rm", {}), ("prm", {}), ("gkd", GKD), ("grpo", ONLINE),
+                       ("ppo", ONLINE)]],
+    ({"rlhf_type": "dpo", "loss_type": ["ipo"], "label_smoothing": 0.1},
+     r"^--label_smoothing does nothing with --loss_type ipo; it is read by --loss_type sigmoid, robust$"),
+    ({"rlhf_type": "dpo", "loss_type": ["hinge", "apo_zero"], "label_smoothing": 0.1},
+     r"^--label_smoothing does nothing with --loss_type hinge apo_zero"),
+    ({**GKD, "sft_alpha": 0.1, "lmbda": 1.0}, r"^--sft_alpha weighs the NLL on steps that train on the dataset's"),
+    *[({**GKD, "lmbda": 0.0, flag: value},
+       rf"^--{flag} sets how answers are sampled, and with --lmbda 0 and no --seq_kd")
+      for flag, value in [("temperature", 0.5), ("top_k", 5), ("max_completion_length", 64)]],
+])
+def test_rlhf_settings_nothing_would_read_are_refused(kwargs, message):
+    """--loss_scale other than last_round where the loss covers the last answer alone (pairs and KTO
+    split prompt from answer at the first token with loss), --streaming (its samples are sft's), DPO's
+    --label_smoothing with loss types that ignore it, GKD's --sft_alpha with --lmbda 1 and its
+    sampling flags when nothing samples. (Before 2026-11-29 all were accepted: the first two broke
+    the run, the others did nothing.)"""
+    from swift.arguments.rlhf import RLHFArguments
+
+    with pytest.raises(SwiftError, match=message):
+        RLHFArguments(model="m", dataset=["d"], **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {**GKD, "loss_scale": "default"}, {**GKD, "loss_scale": "all", "lmbda": 0.5},
+    {"rlhf_type": "dpo", "loss_scale": "last_round"}, {"rlhf_type": "dpo", "loss_type": ["ipo", "sigmoid"],
+                                                       "label_smoothing": 0.1},
+    {"rlhf_type": "dpo", "loss_type": ["robust"], "label_smoothing": 0.1}, {"rlhf_type": "cpo", "label_smoothing": 0.1},
+    {**GKD, "lmbda": 0.0, "seq_kd": True, "temperature": 0.5}, {**GKD, "lmbda": 0.0, "sft_alpha": 0.1},
+    {**GKD, "lmbda": 1.0, "temperature": 0.5}])
+def test_rlhf_settings_that_are_read_pass(kwargs):
+    from swift.arguments.rlhf import RLHFArguments
+
+    RLHFArguments(model="m", dataset=["d"], **kwargs)
+
+
 def test_packing_with_flash_attention_is_refused():
     with pytest.raises(SwiftError, match="--packing builds a block-diagonal attention mask"):
         SftArguments(model="m", dataset=["d"], packing=True, attn_impl="flash_attn")

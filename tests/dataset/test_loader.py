@@ -62,14 +62,36 @@ def test_bad_rows_dropped_or_strict(tmp_path):
     rows = load_rows([str(path)])
     assert len(rows) == 2 and sum(rows.dropped.values()) == 2
     line = rows.report("train")
-    assert "dropped 2 of 4 rows" in line and "bad.jsonl row 2" in line
+    assert "dropped 2 of 4 rows read" in line and "bad.jsonl row 2" in line
     with pytest.raises(SwiftError, match=r"bad\.jsonl row 2: invalid JSON"):
         load_rows([str(path)], strict=True)
+
+
+def test_files_that_cannot_be_read_stop_in_one_line_and_a_bad_line_is_its_rows_error(tmp_path):
+    """(before 2026-11-29 each was a UnicodeDecodeError or pyarrow traceback)"""
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_bytes(json.dumps(qa(0)).encode() + b"\n" + b'{"query": "\xff", "response": "1"}\n')
+    rows = load_rows([str(mixed)])
+    assert len(rows) == 1 and "1 × not UTF-8 text (byte 0xff at column 12)" in rows.report("train")
+    (tmp_path / "latin.csv").write_bytes(b"query,response\n\xff,1\n")
+    (tmp_path / "fake.parquet").write_text("not parquet")
+    for name, problem in (("latin.csv", "not UTF-8 text"), ("fake.parquet", "not a readable parquet file")):
+        with pytest.raises(SwiftError, match=f"{name}: {problem}") as err:
+            load_rows([str(tmp_path / name)])
+        assert "\n" not in str(err.value)
+
+
+def test_a_sample_of_n_rows_reports_the_rows_read(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(qa(i)) + "\n" for i in range(9)) + json.dumps({"messages": []}) + "\n")
+    assert "dropped 1 of 10 rows read" in load_rows([str(path) + "#3"]).report("train")  # was "of 4"
 
 
 def test_missing_file_and_offline_hub(tmp_path):
     with pytest.raises(SwiftError, match="no such file"):
         load_rows([str(tmp_path / "nope.jsonl")])
+    with pytest.raises(SwiftError, match="^--val_dataset .*nope.jsonl: no such file"):
+        load_rows([str(tmp_path / "nope.jsonl")], flag="--val_dataset")
     with pytest.raises(SwiftError, match="cannot download dataset 'no-org/no-data' from the Hugging Face hub") as err:
         load_rows(["no-org/no-data#10"], use_hf=True)
     assert "\n" not in str(err.value)

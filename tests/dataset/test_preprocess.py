@@ -65,6 +65,16 @@ def test_kto_label():
     assert row["label"] is False
 
 
+def test_content_parts_are_read_as_the_server_reads_them():
+    """OpenAI's text parts are joined, a tool's object result is JSON, a number is its text (before
+    2026-11-29 the model was trained on their Python repr, never seen when serving)."""
+    row = standardize({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "1+"}, {"type": "text", "text": "1="}]},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "add", "arguments": {"a": 1}}]},
+        {"role": "tool", "content": {"sum": 2}}, {"role": "assistant", "content": 2}]})
+    assert [m["content"] for m in row["messages"]] == ["1+1=", "", '{"sum": 2}', "2"]
+
+
 def test_raw_text():
     assert standardize({"text": "hello"}) == {"text": "hello"}
 
@@ -75,6 +85,17 @@ def test_raw_text():
     ({"messages": [{"role": "user", "content": None}]}, "has no content"),
     ({"prompt": "q", "chosen": "same", "rejected": "same"}, "equals the chosen"),
     ({"foo": 1}, "no conversation found"),
+    # malformed shapes are the row's error (before 2026-11-29 a traceback ended the run)
+    ({"messages": "hello"}, "messages must be a list of message objects"),
+    ({"messages": [1, 2]}, "messages must be a list of message objects"),
+    ({"query": "1+1=", "response": "2", "history": [["a"]]}, "history entry .* is not a \\[query, response\\] pair"),
+    ({"conversations": None}, "conversations must be a list"),
+    ({"prompt": [1], "completion": "a"}, "prompt must be a list of message objects"),
+    ({"prompt": "q", "completion": "a", "label": -1}, "label -1 is not a boolean"),
+    ({"prompt": "q", "completion": "a", "label": 2}, "label 2 is not a boolean"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
+                   {"role": "assistant", "content": "a"}]}, "message 0 has a 'image_url' part; text parts only"),
+    ({"messages": [{"role": "user", "content": True}, {"role": "assistant", "content": "a"}]}, "content True"),
 ])
 def test_bad_rows(raw, problem):
     with pytest.raises(RowError, match=problem):

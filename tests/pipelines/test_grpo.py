@@ -126,7 +126,7 @@ def test_rows_the_environment_cannot_start_from_are_dropped_and_reported(tmp_pat
         rlhf_main(grpo_argv(tmp_path / "lenient", *argv))
     finally:
         logging.getLogger("swift").removeHandler(handler)
-    assert any("dropped 1 of 9 rows" in r.getMessage() and "cannot start from this row" in r.getMessage()
+    assert any("dropped 1 of 9 rows read" in r.getMessage() and "cannot start from this row" in r.getMessage()
                for r in records)
     assert [r for r in read(tmp_path / "lenient" / "logging.jsonl") if "loss" in r]
 

@@ -1,6 +1,7 @@
 """`swift rlhf` end to end for orpo, cpo, simpo, kto, rm, prm and gkd, and --precompute_ref_log_probs."""
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ def test_reference_free_algorithms_learn_a_small_preference_set(tmp_path, rlhf_t
 def test_kto_pairs_each_prompt_with_a_mismatched_completion(tokenizer):
     template = get_template("chatml", tokenizer, loss_scale="last_round")
     rows = load_rows(["builtin:arith-kto#4"]).rows
-    samples = add_mismatched([encode_unpaired(template, r) for r in rows], batch_size=4)
+    samples = add_mismatched([encode_unpaired(template, r) for r in rows], block=4)
     for i, s in enumerate(samples):
         (ids, labels), (kl_ids, kl_labels) = s["sequences"]
         prompt_len = next(j for j, t in enumerate(labels) if t != IGNORE_INDEX)
@@ -50,6 +51,65 @@ def test_kto_pairs_each_prompt_with_a_mismatched_completion(tokenizer):
 
 def prompt_len_of(sample):
     return next(j for j, t in enumerate(sample["sequences"][0][1]) if t != IGNORE_INDEX)
+
+
+def kto_pipeline(out, *extra):
+    from swift.pipelines.base import resolve_args
+    from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
+
+    return RLHFPipeline(resolve_args(RLHFArguments, train_argv(out, "--rlhf_type", "kto", *extra), "swift rlhf"))
+
+
+def test_kto_never_pairs_a_row_with_its_own_completion(tmp_path, tokenizer):
+    """ms-swift's kto.sh setting, batch 1 × accumulation 16 on one rank: the mismatched pairs are
+    formed in blocks of one optimizer step's rows over all ranks (ms-swift's prepare_kto_dataset), and
+    17 rows leave a last block of one row, which joins the block before it. (Before 2026-11-29 the
+    block was batch × ranks, here 1: every row's KL baseline was its own answer.) One row per
+    optimizer step is refused in one line."""
+    template = get_template("chatml", tokenizer, loss_scale="last_round")
+    samples = kto_pipeline(tmp_path, "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",
+                           "16").encode(load_rows(["builtin:arith-kto#17"]), template, "encode train")
+    answers = [tuple(s["sequences"][0][0][prompt_len_of(s):]) for s in samples]
+    assert len(samples) == 17 and len(set(answers)) == 17  # distinct answers: a self-pairing would show
+    for own, s in zip(answers, samples):
+        mismatched = tuple(s["sequences"][1][0][prompt_len_of(s):])
+        assert mismatched in answers and mismatched != own
+    with pytest.raises(SwiftError, match=r"^--rlhf_type kto needs more than 1 row per optimizer step "
+                                         r"\(--per_device_train_batch_size 1 × --gradient_accumulation_steps 1 × 1"):
+        rlhf_main(train_argv(tmp_path / "one", "--rlhf_type", "kto", "--dataset", "builtin:arith-kto#4",
+                             "--per_device_train_batch_size", "1"))
+
+
+def test_kto_last_block_of_one_row_joins_the_one_before():
+    def samples(n):
+        return [{"sequences": [([i], [i])], "_prompt": [100 + i], "_completion": ([i], [i])} for i in range(n)]
+
+    mismatched = [s["sequences"][1][0][1] for s in add_mismatched(samples(5), block=2)]
+    assert mismatched == [1, 0, 4, 2, 3]  # blocks [0, 1] and [2, 3, 4]
+    with pytest.raises(SwiftError, match="^the val data holds 1 row after encoding: KTO's KL baseline"):
+        add_mismatched(samples(1), block=2, what="the val data")
+
+
+def test_kto_mismatched_sequences_are_cut_to_max_length(tmp_path, tokenizer):
+    """A prompt with another row's answer can exceed --max_length when each row fits alone: the
+    prompt is kept and the answer's end cut. (Before 2026-11-29 it was not cut: up to 2 × --max_length.)"""
+    data = tmp_path / "kto.jsonl"
+    rows = [{"prompt": "1+1=", "completion": " ".join(["2"] * 40), "label": True},
+            {"prompt": "Add these numbers: " + " + ".join(["1"] * 40) + " =", "completion": "40", "label": False}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plain = get_template("chatml", tokenizer, loss_scale="last_round")
+    limit = max(len(encode_unpaired(plain, r)["sequences"][0][0]) for r in load_rows([str(data)]).rows)
+    template = get_template("chatml", tokenizer, max_length=limit, loss_scale="last_round")
+    samples = kto_pipeline(tmp_path / "out", "--max_length", str(limit)).encode(load_rows([str(data)]), template,
+                                                                                "encode train")
+    for i, s in enumerate(samples):
+        (ids, _), (kl_ids, kl_labels) = s["sequences"]
+        other_ids, other_labels = samples[1 - i]["sequences"][0]
+        n, m = prompt_len_of(s), prompt_len_of(samples[1 - i])
+        kept = len(kl_ids) - n  # of the other row's answer, from its start
+        assert len(kl_ids) <= limit and kl_ids[:n] == ids[:n] and set(kl_labels[:n]) == {IGNORE_INDEX}
+        assert kept > 0 and kl_ids[n:] == other_ids[m:m + kept] and kl_labels[n:] == other_labels[m:m + kept]
+    assert len(samples[1]["sequences"][1][0]) == limit  # the long prompt's: cut
 
 
 def test_kto_trains_and_logs_the_kl_baseline(tmp_path, monkeypatch):
@@ -119,8 +179,6 @@ def test_reward_model_trains_and_loads_with_auto_class(tmp_path):
 
 
 def test_prm_labels_sit_on_step_separators(tokenizer):
-    from types import SimpleNamespace
-
     template = get_template("chatml", tokenizer)
     row = load_rows(["builtin:arith-prm#1"]).rows[0]
     (ids, labels), = encode_steps(template, row, SimpleNamespace(step_separator="\n", max_length=None))["sequences"]
@@ -128,6 +186,27 @@ def test_prm_labels_sit_on_step_separators(tokenizer):
     assert [labels[i] for i in positions] == [int(x) for x in row["labels"]]
     assert all(tokenizer.decode(ids[i]) == "\n" for i in positions)
     assert tokenizer.decode(ids[positions[0] + 1:positions[1] + 1]) == row["completions"][1] + "\n"
+
+
+def test_prm_step_labels_must_be_booleans(tokenizer):
+    """bool, 0/1 or the strings true/false (any case); any other value drops the row, counted with its
+    value. (Before 2026-11-29 a label was bool(value): "false" trained as correct, None as wrong.)"""
+    from functools import partial
+
+    from swift.dataset.encode import encode_rows
+    from swift.dataset.loader import RowSet
+
+    template = get_template("chatml", tokenizer)
+    row = load_rows(["builtin:arith-prm#1"]).rows[0]  # two steps
+    rows = [{**row, "labels": labels} for labels in (["false", "TRUE"], [0, True], [True, None], ["yes", 1], [2, 0])]
+    rowset = RowSet(rows=rows, origins=[f"row {i}" for i in range(len(rows))])
+    samples = encode_rows(rowset, partial(encode_steps, template, a=SimpleNamespace(step_separator="\n",
+                                                                                   max_length=None)), strict=False)
+    assert [[t for t in s["sequences"][0][1] if t != IGNORE_INDEX] for s in samples] == [[0, 1], [0, 1]]
+    assert {reason: rowset.first_bad[reason] for reason in rowset.dropped} == {
+        "step label None is not a boolean (true/false, or 1/0)": "row 2",
+        "step label 'yes' is not a boolean (true/false, or 1/0)": "row 3",
+        "step label 2 is not a boolean (true/false, or 1/0)": "row 4"}
 
 
 def test_prm_trains_and_loads_as_token_classifier(tmp_path):

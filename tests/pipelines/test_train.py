@@ -81,7 +81,7 @@ def test_bad_rows_reported_and_strict_stops(tmp_path):
     data.write_text("\n".join([json.dumps(good)] * 7 + ['{"messages": []}']) + "\n")
     cmd = [*SWIFT, "sft", *train_argv(tmp_path / "o", "--dataset", str(data), "--max_steps", "1")]
     ok = subprocess.run(cmd, capture_output=True, text=True)
-    assert ok.returncode == 0 and "dropped 1 of 8 rows: 1 × messages is empty" in ok.stderr
+    assert ok.returncode == 0 and "dropped 1 of 8 rows read: 1 × messages is empty" in ok.stderr
     strict = subprocess.run(cmd + ["--strict", "true"], capture_output=True, text=True)
     assert strict.returncode == 1
     assert strict.stderr.strip().splitlines()[-1] == (
@@ -116,6 +116,10 @@ def test_killed_run_resumes_to_identical_weights(tmp_path):
     sft_main(argv + ["--resume_from_checkpoint", str(tmp_path / "x" / "checkpoint-4")])
     straight, resumed = _weights(tmp_path / "straight"), _weights(tmp_path / "x")
     assert max((straight[k] - resumed[k]).abs().max().item() for k in straight) < 1e-5
+    # each step logged once (the killed run's lines after checkpoint-4 went), and args.json of the
+    # resumed run, given back to `--config`, starts a run rather than resuming this one again
+    assert [r["global_step"] for r in read_log(tmp_path / "x") if "loss" in r] == list(range(1, 13))
+    assert "resume_from_checkpoint" not in json.load(open(tmp_path / "x" / "args.json"))
 
 
 def test_each_run_gets_its_own_version_directory(tmp_path):
@@ -179,3 +183,25 @@ def test_two_rank_ddp_ends_in_sync(tmp_path):
     assert len(result["rank_checksums"]) == 2 and len(set(result["rank_checksums"])) == 1
     # each rank took its own shard: 4 steps x 4 rows x 2 ranks = half of the 64 rows
     assert result["metrics"]["epoch"] == 0.5
+
+
+def test_eval_loss_is_the_token_mean_whatever_the_eval_batch_size(tmp_path):
+    """Validation rows of different answer lengths: eval_loss is the mean over every labelled token
+    (one batch holding all rows gives it) at any --per_device_eval_batch_size (before 2026-11-29 it
+    was the rows' average of each batch's own token mean: 7.7837 / 7.7782 / 7.7858 at 1 / 3 / 8)."""
+    losses = {}
+    for bs in (8, 3, 1):
+        result = sft_main(train_argv(tmp_path / f"bs{bs}", "--max_steps", "1", "--eval_steps", "1",
+                                     "--val_dataset", "builtin:arith-sft:eval#5", "builtin:self-cognition#3",
+                                     "--per_device_eval_batch_size", str(bs)))
+        losses[bs] = result["metrics"]["eval_loss"]
+    assert losses[3] == pytest.approx(losses[8], rel=1e-5) and losses[1] == pytest.approx(losses[8], rel=1e-5)
+
+
+def test_resume_into_output_dir_itself_is_checked_as_into_a_version(tmp_path):
+    """--add_version false: `last` without a checkpoint, or a checkpoint that does not exist, stops in
+    one line (before 2026-11-29 the first trained from scratch and the second ended in HF's traceback)."""
+    with pytest.raises(SwiftError, match="--resume_from_checkpoint last: .* has no checkpoint"):
+        sft_main(train_argv(tmp_path / "empty", "--resume_from_checkpoint", "last"))
+    with pytest.raises(SwiftError, match="--resume_from_checkpoint .*nowhere: no such checkpoint directory"):
+        sft_main(train_argv(tmp_path / "run", "--resume_from_checkpoint", str(tmp_path / "nowhere")))

@@ -21,15 +21,15 @@ def models():
     return policy, ref, tokenizer
 
 
-def trl_batch_and_loss(policy, ref, tokenizer, loss_type, beta, tmp_path):
+def trl_batch_and_loss(policy, ref, tokenizer, loss_type, beta, tmp_path, label_smoothing=0.0):
     from trl import DPOConfig, DPOTrainer
 
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": p}],
                                "chosen": [{"role": "assistant", "content": c}],
                                "rejected": [{"role": "assistant", "content": r}]} for p, c, r in PAIRS])
     config = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=len(PAIRS), beta=beta,
-                       loss_type=[loss_type], report_to="none", use_cpu=True, bf16=False, max_length=None,
-                       dataloader_pin_memory=False)
+                       loss_type=[loss_type], label_smoothing=label_smoothing, report_to="none", use_cpu=True,
+                       bf16=False, max_length=None, dataloader_pin_memory=False)
     trainer = DPOTrainer(model=policy, ref_model=ref, args=config, train_dataset=data, processing_class=tokenizer)
     batch = next(iter(trainer.get_train_dataloader()))
     with torch.no_grad():
@@ -37,11 +37,14 @@ def trl_batch_and_loss(policy, ref, tokenizer, loss_type, beta, tmp_path):
     return batch, loss
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge", "robust"])
-def test_loss_equals_trl(models, loss_type, tmp_path):
+@pytest.mark.parametrize("loss_type,label_smoothing", [("sigmoid", 0.0), ("ipo", 0.0), ("hinge", 0.0), ("robust", 0.0),
+                                                      ("robust", 0.1)])
+def test_loss_equals_trl(models, loss_type, label_smoothing, tmp_path):
     """Through our trainer's own `compute_loss` (the policy's chunked forward, the positions it
     keeps, the reference model it loaded from --ref_model, the step reducer) on TRL's batch, against
-    TRL's `compute_loss`."""
+    TRL's `compute_loss`. With ε = 0 robust equals sigmoid; ε = 0.1 tests robust's own formula.
+    (Sigmoid with ε is cDPO, as ms-swift has it; TRL 1.16's sigmoid ignores ε, so it is checked
+    against hand-computed values below.)"""
     from swift.pipelines.base import resolve_args
     from swift.pipelines.rlhf import RLHFArguments, RLHFPipeline
 
@@ -49,11 +52,12 @@ def test_loss_equals_trl(models, loss_type, tmp_path):
     for name, model in (("policy", policy), ("ref", ref)):
         model.save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
-    batch, expected = trl_batch_and_loss(policy, ref, tokenizer, loss_type, 0.1, tmp_path / "trl")
+    batch, expected = trl_batch_and_loss(policy, ref, tokenizer, loss_type, 0.1, tmp_path / "trl", label_smoothing)
     ours = RLHFPipeline(resolve_args(RLHFArguments, [
         "--model", str(tmp_path / "policy"), "--ref_model", str(tmp_path / "ref"), "--rlhf_type", "dpo",
         "--tuner_type", "full", "--dataset", "builtin:arith-dpo#4", "--output_dir", str(tmp_path / "ours"),
-        "--loss_type", loss_type, "--beta", "0.1", "--report_to", "none"], "swift rlhf")).build_trainer()
+        "--loss_type", loss_type, "--beta", "0.1", "--label_smoothing", str(label_smoothing), "--report_to", "none"],
+        "swift rlhf")).build_trainer()
     labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": labels}
     ours.model.eval()

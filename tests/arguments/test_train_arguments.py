@@ -1,0 +1,39 @@
+"""`swift sft`/`swift pt` refuse in one line what they would parse and not read (each of these was
+accepted and did nothing before 2026-11-29)."""
+import pytest
+
+from swift.arguments import SftArguments
+from swift.utils.registry import SwiftError
+
+BASE = {"model": "builtin:tiny-chat", "dataset": ["builtin:arith-sft#8"]}
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"label_smoothing_factor": 0.1}, "--label_smoothing_factor is not applied"),
+    ({"sortish_sampler": True}, "--sortish_sampler is Seq2SeqTrainer's sampler"),
+    ({"generation_num_beams": 4}, "--generation_num_beams does nothing: --predict_with_generate decodes greedily"),
+    ({"generation_max_length": 32}, "--generation_max_length caps the answers of --predict_with_generate"),
+    ({"predict_with_generate": True}, "--predict_with_generate answers the validation rows"),
+    ({"val_dataset": ["builtin:arith-sft:eval#4"], "split_dataset_ratio": 0.1}, "--val_dataset is the validation data"),
+    ({"streaming": True, "max_steps": 2, "split_dataset_ratio": 0.1}, "--streaming reads rows in order"),
+    ({"streaming": True, "max_steps": 2, "dataset_num_proc": 2}, "--dataset_num_proc encodes rows up front"),
+    ({"streaming": True, "max_steps": 2, "dataloader_num_workers": 2}, "every worker would yield every row"),
+    ({"eval_strategy": "steps"}, "--eval_strategy steps evaluates on validation data"),
+    ({"eval_limit": 5}, "--eval_limit shapes the benchmarks scored during training"),
+    ({"num_labels": 3}, "--num_labels applies to --task_type seq_cls"),
+    ({"tuner_type": "full", "lora_rank": 16}, "--lora_rank shapes a new LoRA adapter; it does not apply to --tuner_type full"),
+    ({"tuner_type": "full", "target_modules": ["q_proj"]}, "--target_modules shapes a new LoRA adapter"),
+    ({"trainable_parameters": ["lm_head"]}, "--trainable_parameters apply to --tuner_type full"),
+    ({"warmup_ratio": 0.1, "warmup_steps": 50}, "--warmup_ratio and --warmup_steps both set the warmup"),
+])
+def test_flags_nothing_reads_are_refused(kwargs, message):
+    with pytest.raises(SwiftError, match=message):
+        SftArguments(**BASE, **kwargs)
+
+
+def test_the_same_flags_where_they_are_read_pass():
+    SftArguments(**BASE, val_dataset=["builtin:arith-sft:eval#4"], predict_with_generate=True, generation_max_length=32)
+    SftArguments(**BASE, tuner_type="full", trainable_parameters=["lm_head"])
+    SftArguments(**BASE, lora_rank=16, target_modules=["q_proj"])
+    SftArguments(**BASE, warmup_ratio=0.1)
+    SftArguments(**BASE, num_labels=3, task_type="seq_cls")
