@@ -9,9 +9,10 @@ A run's directory holds
 - the command's own outputs (training runs write there: `--output_dir` is the run's directory).
 
 The keeper (`python -m swift.app.runs RUN_DIR`) is a detached process in a session of its own: it runs
-the command, waits for it and records how it ended, so runs outlive the console and a restarted
-console finds them from these files alone (a recorded process id counts as running only while a
-process with that id and that start time exists).
+the command (in a session and process group of the command's own, so the keeper can kill all that is
+left of it without killing itself), waits for it and records how it ended, so runs outlive the console
+and a restarted console finds them from these files alone (a recorded process id counts as running
+only while a process with that id and that start time exists).
 """
 from __future__ import annotations
 
@@ -196,8 +197,9 @@ def reap() -> None:
 
 
 def stop(run: Run) -> None:
-    """Ask a running run to end: SIGTERM to its session (the keeper, the command, its workers); the
-    keeper kills what is left after STOP_GRACE seconds and records the run as stopped."""
+    """Ask a running run to end: SIGTERM to its keeper, which passes it to the command's process group
+    (the command and its workers); the keeper kills what is left once the command has ended, or
+    after STOP_GRACE seconds, and records the run as stopped."""
     if run.status != "running":
         return
     (run.directory / STOP_FILE).write_text(str(time.time()))
@@ -210,32 +212,62 @@ def stop(run: Run) -> None:
 def keep(directory: Path) -> int:
     """The keeper: run the command, record how it ended."""
     argv = json.loads(os.environ.pop("SWIFT_RUN_ARGV"))
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.time()))
+    stopping: list[float] = []
+    group: list[int] = []  # the command's process group, once it is started
+    seen: list = []  # the processes below the keeper when the stop came
+
+    def on_stop(*_) -> None:
+        stopping.append(time.time())
+        seen.extend(_below())
+        _signal_group(group, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_stop)
     with open(directory / LOG_FILE, "ab") as log:
         child = subprocess.Popen([sys.executable, "-m", "swift.cli.main", *argv], stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        group.append(child.pid)
+        if stopping:  # the stop came before the command started
+            _signal_group(group, signal.SIGTERM)
         while True:
             try:
                 code = child.wait(timeout=1.0)
                 break
             except subprocess.TimeoutExpired:
                 if stopping and time.time() - stopping[0] > STOP_GRACE:
-                    _kill_tree()
+                    _kill_run(group, seen)
     if stopping:
-        _kill_tree()  # workers (torchrun's ranks, engine processes) that outlived the command
+        _kill_run(group, seen)  # workers (torchrun's ranks, engine processes) that outlived the command
     _write_json(directory / EXIT_FILE, {"returncode": code, "stopped": bool(stopping) or
                                         (directory / STOP_FILE).exists(), "ended": time.time()})
     return 0
 
 
-def _kill_tree() -> None:
-    """SIGKILL to every process below the keeper."""
+def _below() -> list:
     import psutil
 
-    for process in psutil.Process().children(recursive=True):
+    return psutil.Process().children(recursive=True)
+
+
+def _signal_group(group: list[int], sig: int) -> None:
+    for pgid in group:
         try:
-            process.kill()
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing left in it
+
+
+def _kill_run(group: list[int], seen: list) -> None:
+    """SIGKILL to what is left of the run: the command's process group (a worker that outlived the
+    command was reparented to PID 1, so only its group still finds it; before 2026-11-29 such a worker
+    survived a stop), every process still below the keeper, and those below it when the stop came (a
+    worker in a session of its own, as torchrun's ranks)."""
+    import psutil
+
+    _signal_group(group, signal.SIGKILL)
+    for process in [*_below(), *seen]:
+        try:
+            process.kill()  # psutil refuses a process id reused since it was seen
         except psutil.Error:
             pass
 

@@ -21,6 +21,11 @@ class GenerationArguments:
     top_logprobs: int = field(default=0, metadata={"help": "Also return this many most likely alternatives per token."})
     seed: int | None = field(default=None, metadata={"help": "Sampling seed (per request)."})
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:  # (before 2026-11-29: 1 token, silently)
+            raise SwiftError(f"--max_new_tokens must be at least 1, got {self.max_new_tokens} (leave it out for the "
+                             "rest of the context)")
+
     def request_config(self):
         from swift.infer.protocol import RequestConfig
 

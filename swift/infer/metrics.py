@@ -6,15 +6,19 @@ def exact_match(prediction: str, reference: str) -> float:
     return float(prediction.strip() == reference.strip())
 
 
-def _units(text: str) -> list[str]:
-    words = text.split()
-    # text without spaces (e.g. Chinese) is compared character by character
-    return words if len(words) > 1 or not text.strip() else list(text.strip())
+def _units(prediction: str, reference: str) -> tuple[list[str], list[str]]:
+    """Both texts in one unit: words when either has more than one word, else characters (text
+    without spaces, e.g. Chinese, or a single word on each side). Before 2026-11-29 each side chose
+    its own unit, so `rouge_l("The answer is 42", "42")` compared words with characters: 0."""
+    a, b = prediction.split(), reference.split()
+    if len(a) > 1 or len(b) > 1:
+        return a, b
+    return list(prediction.strip()), list(reference.strip())
 
 
 def rouge_l(prediction: str, reference: str) -> float:
-    """ROUGE-L F1 (Lin 2004): longest common subsequence of words, harmonic mean of P and R."""
-    a, b = _units(prediction), _units(reference)
+    """ROUGE-L F1 (Lin 2004): longest common subsequence of units (`_units`), harmonic mean of P and R."""
+    a, b = _units(prediction, reference)
     if not a or not b:
         return float(a == b)
     prev = [0] * (len(b) + 1)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -50,10 +51,45 @@ class InferArguments(ComposedArguments):
         "infer_args": InferOptions,
     }
 
+    def __post_init__(self) -> None:
+        """Refuse, in one line each, what this run would not read (before 2026-11-29 these flags were
+        accepted and ignored): the shared engine and generation parts also serve deploy, eval,
+        sample and app, which read some flags this command does not."""
+        self._refuse_model_flags()
+        if self.top_logprobs and not self.logprobs:
+            raise SwiftError("--top_logprobs needs --logprobs true (the alternatives come with each token's log-prob)")
+        if self.val_dataset:
+            if not self.stream:
+                raise SwiftError("--stream false applies to the interactive chat; batch mode (--val_dataset) writes "
+                                 "whole answers")
+            return
+        # --result_path alone is accepted: the web console passes it to every infer run
+        self.refuse_unread(("infer_args",), {"val_dataset", "result_path", "stream"},
+                           "applies to batch mode only: give --val_dataset (without it swift infer is a chat)")
+        if self.logprobs:
+            raise SwiftError("--logprobs: the interactive chat does not show log-probs; batch mode (--val_dataset) "
+                             "writes them into each result row")
+
+    def _refuse_model_flags(self) -> None:
+        """Model, adapter and engine flags this command would not read."""
+        if self.task_type != "causal_lm" or self.num_labels is not None:
+            flag = f"--task_type {self.task_type}" if self.task_type != "causal_lm" else "--num_labels"
+            raise SwiftError(f"{flag}: swift infer generates with a causal LM; a reward model (seq_cls) is served by "
+                             "`swift deploy --task_type seq_cls`")
+        if len(self.adapters) > 1:
+            # `named_adapters` would also fold two bare paths with one directory name into one entry
+            raise SwiftError(f"--adapters: swift infer applies one adapter to every request, got {len(self.adapters)}; "
+                             "fold them into one model with `swift merge-lora --adapters A B` (applied in order), or "
+                             "serve each by name with `swift deploy --adapters a=A b=B`")
+        if self.infer_backend != "vllm":
+            read = {f.name for f in dataclasses.fields(EngineArguments) if not f.name.startswith("vllm_")}
+            self.refuse_unread(("engine_args",), read,
+                               f"is read by --infer_backend vllm only (this run uses {self.infer_backend})")
+
 
 def _adapter(adapters: dict[str, str]) -> str | None:
-    # infer applies the last named adapter to every request
-    return list(adapters)[-1] if adapters else None
+    # infer applies its one adapter (more are refused by InferArguments) to every request
+    return next(iter(adapters), None)
 
 
 def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any]:
@@ -61,84 +97,111 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     it finishes (so an interrupted run keeps what it did, and the same command again continues where
     it stopped); a row the engine refuses is reported by file and row and skipped, or stops the run
     with --strict. At the end the file is rewritten in dataset order and a summary is written."""
-    from dataclasses import asdict
-
     from swift.dataset.loader import load_rows
-    from swift.infer.metrics import METRICS
-    from swift.infer.protocol import InferRequest
 
     rows = load_rows(a.val_dataset, strict=a.strict)
     rows.report("val dataset")
     config = a.generation_args.request_config()
     path = a.result_path or "infer_result.jsonl"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    score = METRICS.get(a.metric) if a.metric else None
     run = {"val_dataset": list(a.val_dataset), "model": a.model, "adapters": list(a.adapters),
            "template": a.template, "system": a.system,
-           "generation": {**asdict(config), "max_tokens": a.max_new_tokens}, "num_rows": len(rows)}
+           "generation": {**dataclasses.asdict(config), "max_tokens": a.max_new_tokens}, "num_rows": len(rows)}
     if a.max_length is not None:  # recorded only when given: files of earlier runs still resume
         run["prompt_max_length"] = [a.max_length, a.truncation_strategy]
     done = _resume(path, run, rows.origins)
-    todo = [i for i in range(len(rows)) if i not in done]
     if done:
-        logger.info(f"{path}: {len(done)} of {len(rows)} rows already done; continuing with the other {len(todo)}")
+        logger.info(f"{path}: {len(done)} of {len(rows)} rows already done; continuing with the other "
+                    f"{len(rows) - len(done)}")
     failed: list[str] = []
-
-    async def run_all(out):
-        bar = tqdm(total=len(rows), initial=len(done), desc="infer")
-
-        async def one(i):
-            messages = rows.rows[i]["messages"]
-            reference = messages[-1]["content"] if messages[-1]["role"] == "assistant" else None
-            prompt = messages[:-1] if reference is not None else messages
-            try:
-                request, row_config = fit_to_context(
-                    engine, InferRequest(messages=prompt, tools=rows.rows[i].get("tools"), adapter=adapter), config,
-                    a.max_new_tokens)
-                response = await engine.infer_async(request, row_config)
-            except Exception as e:  # noqa: BLE001 - any failure of one row is that row's
-                if not isinstance(e, SwiftError):
-                    e = SwiftError(f"{type(e).__name__}: {e}")
-                if a.strict:
-                    raise SwiftError(f"{rows.origins[i]}: {e} (results so far are in {path}; run with --strict "
-                                     "false to skip such rows)") from None
-                logger.warning(f"{rows.origins[i]}: {e} (row skipped)")
-                failed.append(rows.origins[i])
-                bar.update()
-                return
-            text = response.choices[0].text
-            line = {"index": i, "origin": rows.origins[i], "messages": prompt, "response": text,
-                    "reference": reference, "finish_reason": response.choices[0].finish_reason,
-                    "usage": response.usage}
-            if score is not None and reference is not None:
-                line[a.metric] = score(text, reference)
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
-            out.flush()
-            done[i] = line
-            bar.update()
-
-        tasks = [asyncio.ensure_future(one(i)) for i in todo]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()  # on --strict's first error the other rows stop; their results are not lost
-            bar.close()
-
     with open(path, "a", encoding="utf-8") as out:
-        asyncio.run(run_all(out))
+        asyncio.run(_run_rows(a, engine, adapter, rows, config, done, failed, out))
     lines = [done[i] for i in sorted(done)]
     write_jsonl(path + ".tmp", lines)  # dataset order, replaced atomically
     os.replace(path + ".tmp", path)
     summary = {"result_path": path, "num_rows": len(lines), "num_failed": len(failed)}
     if failed:
         summary["failed"] = failed
-    if score is not None:
+    if a.metric:
         scored = [line[a.metric] for line in lines if a.metric in line]
         summary[a.metric] = sum(scored) / max(len(scored), 1)
     write_json(os.path.splitext(path)[0] + "_summary.json", summary)
     print(json.dumps(summary))
     return summary
+
+
+async def _run_rows(a: InferArguments, engine, adapter: str | None, rows, config, done: dict[int, dict],
+                    failed: list[str], out) -> None:
+    """The rows not in `done`, concurrently: each result written to `out` and added to `done`; a
+    failed row's origin added to `failed` (with --strict the first one stops the run)."""
+    from swift.infer.metrics import METRICS
+    from swift.infer.protocol import InferRequest
+
+    path = a.result_path or "infer_result.jsonl"
+    score = METRICS.get(a.metric) if a.metric else None
+    bar = tqdm(total=len(rows), initial=len(done), desc="infer")
+
+    async def one(i: int) -> None:
+        try:
+            # a row without a conversation (say, {"text": ...}) is that row's failure, not the run's
+            prompt, reference = _prompt_and_reference(rows.rows[i])
+            request, row_config = fit_to_context(
+                engine, InferRequest(messages=prompt, tools=rows.rows[i].get("tools"), adapter=adapter), config,
+                a.max_new_tokens)
+            response = await engine.infer_async(request, row_config)
+        except Exception as e:  # noqa: BLE001 - any failure of one row is that row's
+            if not isinstance(e, SwiftError):
+                e = SwiftError(f"{type(e).__name__}: {e}")
+            if a.strict:
+                raise SwiftError(f"{rows.origins[i]}: {e} (results so far are in {path}; run with --strict "
+                                 "false to skip such rows)") from None
+            logger.warning(f"{rows.origins[i]}: {e} (row skipped)")
+            failed.append(rows.origins[i])
+            bar.update()
+            return
+        line = _result_line(i, rows.origins[i], prompt, reference, response, a.logprobs)
+        if score is not None and reference is not None:
+            line[a.metric] = score(line["response"], reference)
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        out.flush()
+        done[i] = line
+        bar.update()
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(len(rows)) if i not in done]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()  # on --strict's first error the other rows stop; their results are not lost
+        bar.close()
+
+
+def _prompt_and_reference(row: dict) -> tuple[list[dict], str | None]:
+    """The conversation to answer, and the reference: its last turn when that is the assistant's."""
+    messages = row.get("messages")
+    if not messages:
+        raise SwiftError(f"no conversation to answer (the row has {', '.join(sorted(row)) or 'no columns'}); batch "
+                         "mode takes messages or query/response rows")
+    reference = messages[-1]["content"] if messages[-1]["role"] == "assistant" else None
+    return (messages[:-1] if reference is not None else messages), reference
+
+
+def _result_line(i: int, origin: str, prompt: list[dict], reference: str | None, response,
+                 logprobs: bool) -> dict[str, Any]:
+    choice = response.choices[0]
+    line = {"index": i, "origin": origin, "messages": prompt, "response": choice.text, "reference": reference,
+            "finish_reason": choice.finish_reason, "usage": response.usage}
+    if logprobs:
+        line["logprobs"] = _chat_logprobs(choice.logprobs or [])
+    return line
+
+
+def _chat_logprobs(items: list) -> dict[str, list]:
+    """The answer's log-probs as OpenAI's chat `logprobs` ({"content": [...]}, the shape `swift
+    deploy` answers with): each token's text, log-prob and bytes, and its top alternatives."""
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+                         "top_logprobs": [{"token": s, "logprob": v, "bytes": list(s.encode())}
+                                          for s, v in t.top_logprobs]} for t in items]}
 
 
 def _resume(path: str, run: dict, origins: list[str]) -> dict[int, dict]:
@@ -209,7 +272,10 @@ def interactive(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
             print("(conversation cleared)", flush=True)
             continue
         if command == "reset-system":
-            system = input("new system prompt: ")
+            try:
+                system = input("new system prompt: ")
+            except EOFError:  # end of input here ends the chat, as at the prompt
+                break
             history = []
             continue
         if command == "multi-line":

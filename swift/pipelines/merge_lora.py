@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from safetensors import safe_open
 
+from swift.app.runs import LOG_FILE, RUN_FILE, STOP_FILE
 from swift.arguments.base import ComposedArguments
 from swift.model import load_model
 from swift.model.loader import resolve_model_dir
@@ -26,10 +28,11 @@ class MergeOptions:
     adapters: list[str] = field(default_factory=list, metadata={"help": "LoRA adapter directories, applied in order."})
     model: str | None = field(default=None, metadata={
         "help": "Base model; read from the adapter's args.json / adapter_config.json when omitted."})
-    output_dir: str | None = field(default=None, metadata={"help": "Where the merged model goes (default: <adapter>-merged)."})
+    output_dir: str | None = field(default=None, metadata={
+        "help": "Where the merged model goes: a new or empty directory (default: <adapter>-merged)."})
     torch_dtype: str = field(default="auto", metadata={
-        "help": "dtype of the merged weights (auto: the base checkpoint's dtype, from its config.json or, "
-                "without one there, its safetensors; float32 if neither says)."})
+        "help": "dtype of the merged weights: auto (the base checkpoint's dtype, from its config.json or, "
+                "without one there, its safetensors; float32 if neither says), float32, float16, bfloat16, float64."})
     use_hf: bool = field(default=False, metadata={"help": "Download a hub base model from the HF hub instead of ModelScope."})
     safe_serialization: bool = field(default=True, metadata={"help": "Save as safetensors."})
 
@@ -41,8 +44,36 @@ class MergeOptions:
         for path in self.adapters:
             if not os.path.isfile(os.path.join(path, "adapter_config.json")):
                 raise SwiftError(f"--adapters {path}: no adapter_config.json there (not a LoRA adapter directory)")
+        if self.torch_dtype not in ("auto", *FLOAT_DTYPES):
+            raise SwiftError(f"--torch_dtype {self.torch_dtype!r} is not one of auto, {', '.join(FLOAT_DTYPES)} "
+                             "(a merged model is saved in a float dtype; quantize it with swift export)")
         if self.output_dir is None:
             self.output_dir = self.adapters[-1].rstrip("/") + "-merged"
+        if os.path.abspath(self.output_dir) in {os.path.abspath(p) for p in self.adapters}:
+            raise SwiftError("--output_dir must differ from the adapter directory (the adapter would be overwritten)")
+        check_output_dir(self.output_dir)
+
+
+# the files the web console keeps in a run's directory, which it passes as --output_dir
+CONSOLE_FILES = frozenset({RUN_FILE, LOG_FILE, STOP_FILE})
+
+
+def check_output_dir(output_dir: str) -> None:
+    """A merge writes only into a new or empty directory (one the web console's run files alone may
+    be in): never over an earlier model or the base model's own files."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise SwiftError(f"--output_dir {output_dir} is a file; pass a new or empty directory")
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise SwiftError(f"--output_dir {output_dir}: {parent} is a file, not a directory")
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    console_tmp = tuple(f".{f}." for f in CONSOLE_FILES)  # the console replacing one: `.swift_run.json.<pid>.tmp`
+    present = sorted(n for n in names if n not in CONSOLE_FILES and not n.startswith(console_tmp))
+    if present:
+        raise SwiftError(f"--output_dir {output_dir} is not empty ({len(present)} entries, e.g. {present[0]}); pass a "
+                         "new or empty directory, so no model is overwritten")
 
 
 class MergeLoraArguments(ComposedArguments):
@@ -118,20 +149,64 @@ def merged_model(base: str, adapters: list[str], *, torch_dtype: str = "auto", u
     from peft import PeftModel  # imported here: `swift deploy/infer` without adapters start without peft
 
     for adapter in adapters:
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        tied = model.get_input_embeddings().weight if getattr(model.config, "tie_word_embeddings", False) else None
+        peft_model = PeftModel.from_pretrained(model, adapter)
+        refuse_tied_lora(peft_model, tied, adapter)
+        model = peft_model.merge_and_unload()
         logger.info(f"merged {adapter}")
     return model, tokenizer
+
+
+def refuse_tied_lora(peft_model: Any, tied: Any, adapter: str) -> None:
+    """Stop if a LoRA layer of `adapter` sits on the matrix the model ties between its input
+    embeddings and its output layer (`tied`). Unmerged, the update applies to one of the two uses;
+    merged, it would change the shared matrix, and so both: not the model base + adapter computes."""
+    if tied is None:
+        return
+    from peft.tuners.lora import LoraLayer
+    from torch import nn
+
+    for name, module in peft_model.base_model.model.named_modules():
+        if isinstance(module, LoraLayer) and module.get_base_layer().weight is tied:
+            other = "output layer" if isinstance(module.get_base_layer(), nn.Embedding) else "input embeddings"
+            raise SwiftError(f"--adapters {adapter}: LoRA on {name}, whose matrix this model ties to its {other} "
+                             "(tie_word_embeddings); merging would change both uses, so the merged model would "
+                             "differ from base + adapter. Serve the adapter unmerged (swift deploy/infer --adapters)")
 
 
 def merge_lora_main(args: MergeLoraArguments | list[str] | None = None) -> dict[str, Any]:
     a = resolve_args(MergeLoraArguments, args, "swift merge-lora")
     base = a.model or base_model_of(a.adapters[0])
-    if os.path.abspath(a.output_dir) in {os.path.abspath(p) for p in a.adapters}:
-        raise SwiftError("--output_dir must differ from the adapter directory (the adapter would be overwritten)")
     model, tokenizer = merged_model(base, a.adapters, torch_dtype=a.torch_dtype, use_hf=a.use_hf)
     model.config._name_or_path = a.output_dir
-    model.save_pretrained(a.output_dir, safe_serialization=a.safe_serialization)
-    tokenizer.save_pretrained(a.output_dir)
-    write_json(os.path.join(a.output_dir, "merge_args.json"), {**a.to_dict(), "model": base})
+
+    def save(folder: str) -> None:
+        model.save_pretrained(folder, safe_serialization=a.safe_serialization)
+        tokenizer.save_pretrained(folder)
+        write_json(os.path.join(folder, "merge_args.json"), {**a.to_dict(), "model": base})
+
+    save_whole(a.output_dir, save)
     logger.info(f"merged model saved to {a.output_dir}")
     return {"output_dir": a.output_dir, "base_model": base}
+
+
+def save_whole(output_dir: str, save: Callable[[str], None]) -> None:
+    """`save` into a staging directory beside `output_dir`, then move its files in: a merge that fails
+    while saving leaves nothing half-written there (before 2026-11-29 it wrote straight into it)."""
+    check_output_dir(output_dir)  # again: files may have arrived while the model was merged
+    staging = os.path.join(os.path.dirname(os.path.abspath(output_dir)),
+                           f".{os.path.basename(os.path.abspath(output_dir))}.merging-{os.getpid()}")
+    try:
+        shutil.rmtree(staging, ignore_errors=True)  # a killed earlier run of the same process id
+        os.makedirs(staging)
+        save(staging)
+        if not os.path.exists(output_dir):
+            os.replace(staging, output_dir)
+            return
+        for name in os.listdir(staging):  # the web console's run directory: its run files stay
+            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+        os.rmdir(staging)
+    except OSError as e:
+        raise SwiftError(f"--output_dir {output_dir}: {e.strerror or e} (nothing was written there)") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -38,6 +38,14 @@ def test_packed_loss_equals_unpacked(tiny):
         match = min(by_len[n], key=lambda x: abs(x - loss))
         assert abs(match - loss) < 1e-4
         by_len[n].remove(match)
+    # through the training loss: the packed row's summed loss is the samples' own, token for token
+    # (a sample's first token predicted from the one before it would add a term here)
+    with torch.no_grad():
+        whole = causal_lm_loss(model, collate(packed), 1).item()
+        alone = sum(causal_lm_loss(model, collate([s]), 1).item() for s in samples)
+    labelled = lambda batch: (batch["labels"][:, 1:] != IGNORE_INDEX).sum().item()  # noqa: E731
+    assert labelled(collate(packed)) == sum(labelled(collate([s])) for s in samples)
+    assert whole == pytest.approx(alone, rel=1e-5)
 
 
 def test_packed_rows_respect_max_length():

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from swift.model import load_model
 from swift.pipelines.rlhf import rlhf_main
+from swift.pipelines.train import pt_main, sft_main
 from tests.conftest import TEXT_LENGTH, save_perturbed, train_argv
 
 DATA = {"dpo": "builtin:arith-dpo#8", "orpo": "builtin:arith-dpo#8", "cpo": "builtin:arith-dpo#8",
@@ -21,7 +22,9 @@ DATA = {"dpo": "builtin:arith-dpo#8", "orpo": "builtin:arith-dpo#8", "cpo": "bui
 
 def one_step(out, rlhf_type, batch, ga, *extra, data=None):
     data = data or DATA.get(rlhf_type, "builtin:arith-sft#8")
-    rlhf_main(train_argv(out, "--rlhf_type", rlhf_type, "--dataset", data,
+    main = {"sft": sft_main, "pt": pt_main}.get(rlhf_type)  # or `swift rlhf --rlhf_type <rlhf_type>`
+    command = [] if main else ["--rlhf_type", rlhf_type]
+    (main or rlhf_main)(train_argv(out, *command, "--dataset", *data.split(),
                          "--tuner_type", "full", *extra, "--optim", "sgd", "--learning_rate", "1.0", "--max_steps", "1", "--lr_scheduler_type",
                          "constant", "--per_device_train_batch_size", str(batch), "--gradient_accumulation_steps",
                          str(ga), "--save_strategy", "no"))
@@ -79,10 +82,17 @@ def test_gkd_on_policy_does_not_depend_on_gradient_accumulation(tmp_path, quicks
                 "--max_completion_length", "8", "--temperature", "0")
 
 
+@pytest.mark.parametrize("command", ["sft", "pt"])
+def test_sft_and_pt_do_not_depend_on_gradient_accumulation(tmp_path, command):
+    # answers of very different lengths (sums and self-introductions), so the micro-batches' token
+    # counts differ: the loss divides by the step's tokens, not each micro-batch's
+    assert_same(tmp_path, command, 8, 2, data="builtin:arith-sft#4 builtin:self-cognition#4")
+
+
 def test_kto_does_not_depend_on_gradient_accumulation(tmp_path):
-    # KTO's KL baseline pairs prompts with answers inside blocks of the micro-batch size, so the
-    # two runs' mismatched pairs differ; at step 1 the policy equals the reference and that term
-    # is 0 in both, so this checks the GA scaling of the main term only
+    # KTO's mismatched pairs are formed in blocks of one optimizer step's rows, the same in both
+    # runs; at step 1 the policy equals the reference and the KL term is 0 in both, so this checks
+    # the GA scaling of the main term only
     assert_same(tmp_path, "kto", 8, 2)
 
 

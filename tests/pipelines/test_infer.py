@@ -20,7 +20,7 @@ def test_batch_mode_writes_rows_and_summary(tmp_path):
     rows = [json.loads(line) for line in open(out)]
     assert len(rows) == 6 and summary["num_rows"] == 6
     assert rows[0]["reference"] == "1" and rows[0]["messages"] == [{"role": "user", "content": "0+1="}]
-    assert all("rouge" in r and "response" in r for r in rows)
+    assert all("rouge" in r and "response" in r and "logprobs" not in r for r in rows)
     assert summary["rouge"] == sum(r["rouge"] for r in rows) / 6
     assert json.load(open(tmp_path / "res" / "out_summary.json")) == summary
 
@@ -151,3 +151,88 @@ def test_sample_refuses_max_length_where_it_encodes_no_prompt():
     with pytest.raises(SwiftError, match="^--max_length caps prompts this command encodes; with --sampler_engine client"):
         parse_args(SampleArguments, ["--sampler_engine", "client", "--engine_kwargs", '{"base_url": "http://h:1/v1"}',
                                      "--max_length", "64", "--dataset", "x.jsonl"])
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--task_type", "seq_cls"], "^--task_type seq_cls: swift infer generates with a causal LM"),
+    (["--num_labels", "1"], "^--num_labels: swift infer generates with a causal LM"),
+    (["--adapters", "a/lora", "b/lora"], "^--adapters: swift infer applies one adapter to every request, got 2; "
+                                         ".*`swift merge-lora --adapters A B`.*`swift deploy --adapters a=A b=B`$"),
+    (["--vllm_max_model_len", "256"], "^--vllm_max_model_len is read by --infer_backend vllm only"),
+    (["--vllm_enforce_eager", "true"], "^--vllm_enforce_eager is read by --infer_backend vllm only"),
+    (["--max_new_tokens", "0"], "^--max_new_tokens must be at least 1, got 0"),
+    (["--val_dataset", "v.jsonl", "--stream", "false"], "^--stream false applies to the interactive chat"),
+    (["--val_dataset", "v.jsonl", "--top_logprobs", "2"], "^--top_logprobs needs --logprobs true"),
+    (["--metric", "acc"], "^--metric applies to batch mode only: give --val_dataset"),
+    (["--strict", "true"], "^--strict applies to batch mode only: give --val_dataset"),
+    (["--logprobs", "true"], "^--logprobs: the interactive chat does not show log-probs"),
+])
+def test_infer_refuses_flags_it_would_not_read(argv, line):
+    """Before 2026-11-29 each of these was accepted and ignored (--adapters A B applied only B,
+    --max_new_tokens 0 generated one token)."""
+    from swift.arguments.parser import parse_args
+    from swift.pipelines.infer import InferArguments
+
+    with pytest.raises(SwiftError, match=line):
+        parse_args(InferArguments, ["--model", "builtin:tiny-chat", *argv])
+
+
+@pytest.mark.parametrize("argv", [
+    ["--result_path", "r.jsonl"],  # the web console passes it to a chat too
+    ["--val_dataset", "v.jsonl", "--metric", "acc", "--strict", "true", "--logprobs", "true", "--top_logprobs", "2"],
+    ["--infer_backend", "vllm", "--vllm_max_model_len", "256"],
+    ["--adapters", "a/lora", "--max_new_tokens", "1"],
+])
+def test_infer_accepts_the_flags_it_reads(argv):
+    from swift.arguments.parser import parse_args
+    from swift.pipelines.infer import InferArguments
+
+    parse_args(InferArguments, ["--model", "builtin:tiny-chat", *argv])
+
+
+def test_batch_rows_carry_the_answers_logprobs(tmp_path):
+    """--logprobs: each row gets OpenAI's chat `logprobs.content`, one entry per answer token (before
+    2026-11-29 the flag was accepted and result rows had none)."""
+    out = tmp_path / "out.jsonl"
+    infer_main(["--model", "builtin:tiny-chat", "--val_dataset", str(val_rows(tmp_path)), "--max_new_tokens", "3",
+                "--result_path", str(out), "--logprobs", "true", "--top_logprobs", "2"])
+    rows = [json.loads(line) for line in open(out)]
+    assert len(rows) == 6
+    for row in rows:
+        content = row["logprobs"]["content"]
+        assert len(content) == row["usage"]["completion_tokens"] > 0
+        for entry in content:
+            assert entry["logprob"] <= 0 and bytes(entry["bytes"]).decode() == entry["token"]
+            assert len(entry["top_logprobs"]) == 2
+            # greedy: the chosen token is the most likely one
+            assert entry["top_logprobs"][0]["token"] == entry["token"]
+            assert entry["top_logprobs"][0]["logprob"] == pytest.approx(entry["logprob"])
+            assert entry["top_logprobs"][1]["logprob"] <= entry["logprob"]
+
+
+def test_a_row_without_a_conversation_is_that_rows_failure(tmp_path):
+    """A `{"text": ...}` row (pretraining data) has nothing to answer: reported, skipped and counted,
+    or the one line that stops a --strict run (before 2026-11-29 a KeyError ended the whole run)."""
+    data = tmp_path / "val.jsonl"
+    rows = [{"query": "1+1=", "response": "2"}, {"text": "once upon a time"}, {"query": "2+2=", "response": "4"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["--model", "builtin:tiny-chat", "--val_dataset", str(data), "--max_new_tokens", "2"]
+    summary = infer_main(argv + ["--result_path", str(tmp_path / "out.jsonl")])
+    assert summary["num_rows"] == 2 and summary["failed"] == [f"{data} row 2"]
+    with pytest.raises(SwiftError, match=f"^{data} row 2: no conversation to answer \\(the row has text\\)"):
+        infer_main(argv + ["--result_path", str(tmp_path / "strict.jsonl"), "--strict", "true"])
+
+
+def test_end_of_input_at_the_new_system_prompt_ends_the_chat():
+    """Ctrl-D after `reset-system` ends the chat as at the prompt (before 2026-11-29: an EOFError
+    traceback)."""
+    child = pexpect.spawn(sys.executable, ["-m", "swift", "infer", "--model", "builtin:tiny-chat",
+                                           "--max_new_tokens", "2"], encoding="utf-8", timeout=120,
+                          env={**os.environ, "TERM": "dumb"})
+    child.expect("<<< ")
+    child.sendline("reset-system")
+    child.expect("new system prompt: ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert "Traceback" not in child.before and child.exitstatus == 0

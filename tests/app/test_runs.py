@@ -1,0 +1,61 @@
+"""The web console's run keeper (`swift.app.runs`): a stopped run leaves no process behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from swift.app import runs as R
+
+psutil = pytest.importorskip("psutil")
+
+# a command's worker that ignores SIGTERM (busy in a C call, or with a handler of its own)
+PLUGIN = """
+import subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c",
+                           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+open({pid_file!r}, "w").write(str(worker.pid))
+time.sleep(600)
+"""
+
+
+def wait_until(condition, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def gone(process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE  # killed; its new parent has not reaped it yet
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_stop_kills_a_worker_that_ignores_sigterm_after_the_command_ended(tmp_path):
+    """The command ends on SIGTERM; its worker, reparented to PID 1, is killed with the command's process
+    group (before 2026-11-29 it outlived a run shown as stopped)."""
+    pid_file = tmp_path / "worker.pid"
+    plugin = tmp_path / "spawn_worker.py"
+    plugin.write_text(PLUGIN.format(pid_file=str(pid_file)))
+    run_dir = R.new_run_dir(str(tmp_path / "runs"), "infer")
+    run = R.launch(run_dir, ["infer", "--model", "builtin:tiny-chat", "--external_plugins", str(plugin)])
+    worker = None
+    try:
+        wait_until(lambda: pid_file.exists() and pid_file.read_text(), 120, "the command's worker")
+        worker = psutil.Process(int(pid_file.read_text()))
+        R.stop(run)
+        # well before STOP_GRACE: the command ended on SIGTERM, and nothing was left to wait for
+        wait_until(lambda: (run_dir / R.EXIT_FILE).exists(), R.STOP_GRACE - 5, "the keeper's exit record")
+        assert json.loads((run_dir / R.EXIT_FILE).read_text())["stopped"]
+        wait_until(lambda: gone(worker), 5, "the worker to be killed")
+    finally:
+        if worker is not None and not gone(worker):
+            os.kill(worker.pid, signal.SIGKILL)
+        R.reap()
