@@ -155,7 +155,9 @@ def build_console(runs_dir: str, *, lang: str, title: str | None = None):
                 from swift.infer.factory import build_engine
                 from swift.pipelines.app import AppArguments
 
-                args = AppArguments(model=model, adapters=[f"{run_id}={adapter}"] if adapter else [])
+                # the run's own --template/--system (before 2026-11-29 the chat used the defaults)
+                args = AppArguments(model=model, adapters=[f"{run_id}={adapter}"] if adapter else [],
+                                    **run.trained_with())
                 engine, adapters = build_engine(args)
             except Exception as e:  # noqa: BLE001 - shown on the page
                 return gr.update(), f"{t('error')}: {error_line(e)}", gr.update()

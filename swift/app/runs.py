@@ -132,6 +132,13 @@ class Run:
             return None, model
         return model, None
 
+    def trained_with(self) -> dict:
+        """--template and --system of the training run (its args.json beside result.json), so the chat
+        prompts the model as it was trained (those given; an unset one is chosen as usual)."""
+        found = _newest(self.directory, "result.json")
+        recorded = (_read_json(found.parent / "args.json") or {}) if found is not None else {}
+        return {k: recorded[k] for k in ("template", "system") if recorded.get(k) is not None}
+
 
 def _newest(directory: Path, name: str) -> Path | None:
     """The most recently written file of that name under `directory`, at most 3 levels down."""

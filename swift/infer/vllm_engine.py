@@ -125,6 +125,7 @@ class VllmEngine(InferEngine):
             frequency_penalty=config.frequency_penalty, logit_bias=config.logit_bias,
             max_tokens=max(config.max_tokens, 1), seed=config.seed,
             stop=list(config.stop) or None, logprobs=config.top_logprobs if config.logprobs else None,
+            stop_token_ids=sorted(self.eos_ids),  # the template's end-of-turn token too, when it is not EOS
             prompt_logprobs=config.prompt_logprobs)
 
     def _lora(self, name: str | None):

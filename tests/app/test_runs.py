@@ -59,3 +59,17 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_the_command_ended(tmp_pa
         if worker is not None and not gone(worker):
             os.kill(worker.pid, signal.SIGKILL)
         R.reap()
+
+
+def test_the_chat_of_a_finished_run_gets_the_template_and_system_it_was_trained_with(tmp_path):
+    """`open_chat` builds its engine with these (before 2026-11-29 the chat prompted a model trained
+    with --system/--template under the defaults)."""
+    out = tmp_path / "v0-20261129-000000"
+    out.mkdir()
+    (out / "result.json").write_text(json.dumps({"model_dir": str(out)}))
+    (out / "args.json").write_text(json.dumps({"template": "chatml", "system": "You are a calculator.",
+                                               "model": "builtin:tiny-chat"}))
+    run = R.Run(directory=tmp_path, argv=["sft"], pid=0, pid_started=0.0, started=0.0, exit={"returncode": 0})
+    assert run.trained_with() == {"template": "chatml", "system": "You are a calculator."}
+    (out / "args.json").write_text(json.dumps({"template": None, "system": None}))
+    assert run.trained_with() == {}

@@ -72,3 +72,24 @@ def test_sampling_n_seed_and_stream(engines):
 
     texts, finished = asyncio.run(stream())
     assert finished == 3 and [texts[i] for i in range(3)] == [c.text for c in first.choices]
+
+
+def test_the_templates_end_of_turn_token_ends_the_answer_when_eos_is_another(tmp_path):
+    """As the built-in engine (tests/infer/test_transformers_engine.py): a model whose EOS is
+    <|endoftext|> stops at the chat template's <|im_end|> (vLLM is given it as a stop token id)."""
+    from swift.model import load_model
+
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    tokenizer.eos_token = "<|endoftext|>"
+    model.generation_config.eos_token_id = model.config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    engine, _ = build_engine(InferArguments(model=str(tmp_path), template="chatml", infer_backend="vllm",
+                                            vllm_enforce_eager=True))
+    try:
+        answer = engine.infer([chat("7+5=")], RequestConfig(max_tokens=12, logit_bias={im_end: 100.0}))[0]
+    finally:
+        engine.close()
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop" and choice.token_ids == [] and choice.stop_token_id == im_end
