@@ -42,6 +42,9 @@ class PromptTemplateArguments(TemplateArguments):
     def __post_init__(self) -> None:
         if self.max_length is not None:
             super().__post_init__()
+        elif self.truncation_strategy != "delete":
+            raise SwiftError(f"--truncation_strategy {self.truncation_strategy} says what happens to a prompt over "
+                             "--max_length, which is not given (no prompt is cut but by the model's context)")
         if self.loss_scale != "default":
             raise SwiftError("--loss_scale applies to training (which tokens get loss); this command only generates")
 

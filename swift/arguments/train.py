@@ -15,6 +15,7 @@ from swift.arguments.data import DataArguments
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import TemplateArguments
 from swift.arguments.tuner import TunerArguments
+from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
 
@@ -164,8 +165,11 @@ class SftArguments(ComposedArguments):
         has_val = bool(kwargs.get("val_dataset")) or float(kwargs.get("split_dataset_ratio") or 0) > 0 or any(
             os.path.isdir(os.path.join(d, "val")) for d in ([cached] if isinstance(cached, str) else cached))
         if str(kwargs.get("eval_strategy") or "no") != "no" and not has_val:
-            raise SwiftError(f"--eval_strategy {kwargs['eval_strategy']} evaluates on validation data; give "
-                             "--val_dataset or --split_dataset_ratio")
+            # as ms-swift (its own examples pass it with --eval_use_evalscope, which counts its steps
+            # itself); HF would stop at a strategy without data
+            get_logger(__name__).warning(f"--eval_strategy {kwargs['eval_strategy']}: no validation data "
+                                         "(--val_dataset, --split_dataset_ratio), so no eval_loss; set to no")
+            kwargs["eval_strategy"] = "no"
         if kwargs.get("eval_strategy") is None:  # with validation data, evaluate whenever a checkpoint is saved
             kwargs["eval_strategy"] = ("epoch" if str(kwargs.get("save_strategy")) == "epoch" else "steps") \
                 if has_val else "no"

@@ -61,6 +61,8 @@ class TunerArguments:
                 re.compile(self.target_regex)
             except re.error as e:
                 raise SwiftError(f"--target_regex {self.target_regex!r} is not a valid regular expression: {e}") from None
+        if isinstance(self.target_modules, str):  # a config file's `target_modules: all-linear`
+            self.target_modules = [self.target_modules]
         lora_only = [flag for flag, value, default in (
             ("lora_rank", self.lora_rank, 8), ("lora_alpha", self.lora_alpha, 32), ("lora_dropout", self.lora_dropout, 0.05),
             ("target_modules", list(self.target_modules), ["all-linear"]), ("target_regex", self.target_regex, None), ("modules_to_save", self.modules_to_save, []),

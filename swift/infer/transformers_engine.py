@@ -62,7 +62,7 @@ class TransformersEngine(Decoding, InferEngine):
         eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-        self.eos_ids = {e for e in eos if e is not None} | template.end_of_turn_ids()
+        self.eos_ids = {e for e in eos if e is not None} | (template.end_of_turn_ids() if template else set())
         self._pending: deque[_Job] = deque()
         self._wake = threading.Condition()
         self._closed = False

@@ -125,8 +125,8 @@ def _step_label(label: Any) -> int:
     else is the row's error (bool("false") would be 1, bool(None) 0)."""
     if isinstance(label, bool):
         return int(label)
-    if isinstance(label, int) and label in (0, 1):
-        return label
+    if isinstance(label, (int, float)) and label in (0, 1):  # 1.0 / 0.0 from pandas or parquet too
+        return int(label)
     if isinstance(label, str) and label.lower() in ("true", "false"):
         return int(label.lower() == "true")
     raise RowError(f"step label {label!r} is not a boolean (true/false, or 1/0)")

@@ -57,8 +57,8 @@ class RolloutArguments(ComposedArguments):
             raise SwiftError(f"--task_type {self.task_type}: swift rollout generates text (causal_lm)")
         if self.num_labels is not None:
             raise SwiftError("--num_labels applies to --task_type seq_cls / token_cls; swift rollout generates text")
-        refuse_prompt_limit(self, "swift rollout serves prompts as its trainer sends them (answers are capped by "
-                                  "the request's max_tokens, the context by --vllm_max_model_len)")
+        refuse_prompt_limit(self, "swift rollout does not cap prompts: single-turn prompts come cut by the trainer, "
+                                  "and a multi-turn context is bounded by the model's (--vllm_max_model_len)")
 
 
 def rollout_main(args: RolloutArguments | list[str] | None = None) -> None:

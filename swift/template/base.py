@@ -155,15 +155,11 @@ class Template(abc.ABC):
         return self._plain
 
     def end_of_turn_ids(self) -> set[int]:
-        """The control tokens the template writes after an assistant's answer (`<|im_end|>`,
-        `<|eot_id|>`): generation stops at them as at EOS, as ms-swift's template stop words do (a base
-        model's EOS is often another token, `<|endoftext|>`, and a stop string cannot name a control
-        token, decoded texts leave them out)."""
-        text, spans = self.render([{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}])
-        ids, starts = self._tokenize(text)
-        special = set(self.tokenizer.all_special_ids) | {
-            i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
-        return {t for t, s in zip(ids, starts) if t in special and _inside(s, spans[-1:])}
+        """Token ids that end an answer besides the model's EOS: generation stops at them, as at
+        ms-swift's template stop words. None for a model's own (Jinja) template: where its turn ends
+        is not known from the text alone (Harmony's `<|end|>` closes one channel and the answer goes
+        on), and a chat model's generation config lists its end-of-turn token already."""
+        return set()
 
     def _special_texts(self) -> tuple[str, ...]:
         """The text of every special (control) token the tokenizer recognises in input text."""

@@ -50,6 +50,16 @@ class FormatTemplate(Template):
             parts.append(self.generation_prompt)
         return "".join(parts), spans
 
+    def end_of_turn_ids(self) -> set[int]:
+        """`assistant_end` when it is one control token (`<|im_end|>`, `<|eot_id|>`): a base model
+        trained on this template ends its answers with it while its EOS is another token
+        (`<|endoftext|>`), and a stop string cannot name a control token (decoded text leaves it out)."""
+        ids = self.tokenizer(self.assistant_end.strip(), add_special_tokens=False)["input_ids"] \
+            if self.assistant_end.strip() else []
+        special = set(self.tokenizer.all_special_ids) | {
+            i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
+        return set(ids) if len(ids) == 1 and ids[0] in special else set()
+
     def turn(self, messages: list[dict], i: int) -> tuple[str, str, str]:
         """(text before, text with loss, text after) of message i; only an assistant's middle part has loss."""
         m = messages[i]

@@ -46,7 +46,8 @@ class JsonlLogCallback(TrainerCallback):
                     continue
                 if row.get("global_step", 0) <= state.global_step:
                     kept.append(row)
-        write_jsonl(self.path, kept)
+        write_jsonl(self.path + ".tmp", kept)  # then moved over it: a kill now never loses the log
+        os.replace(self.path + ".tmp", self.path)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:

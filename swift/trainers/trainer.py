@@ -38,15 +38,6 @@ def causal_lm_loss(model, inputs: dict, num_items_in_batch: torch.Tensor | int |
     return loss / n
 
 
-def tokens_per_row(dataset) -> float | None:
-    """Labelled tokens (those predicted: labels[1:]) per row of an encoded dataset held in memory."""
-    items = getattr(dataset, "items", None)
-    if not items or not all(isinstance(s, dict) and "labels" in s for s in items):
-        return None
-    tokens = sum(sum(1 for t in list(s["labels"])[1:] if t != IGNORE_INDEX) for s in items)
-    return tokens / len(items) if tokens else None
-
-
 class SwiftMixin:
     """Mixed into `transformers.Trainer`; set `template` and `generation_rows` for generation eval."""
 
@@ -60,22 +51,37 @@ class SwiftMixin:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients; the count was global
         return (loss, None) if return_outputs else loss
 
+    _eval_sums: torch.Tensor | None = None  # (token-loss sum, labelled tokens) of the evaluation running
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """HF averages the returned loss over the evaluation's rows (each batch's once per row), so a
-        batch returns its token-loss sum per row scaled by the data's rows per token: the average is
-        then the mean over every labelled token, whatever --per_device_eval_batch_size is (before
-        2026-11-29 each batch's own token mean was averaged, and eval_loss moved with the batch size)."""
         inputs = self._prepare_inputs(inputs)
-        rows = inputs["labels"].size(0)
-        per_row = getattr(self, "_eval_tokens_per_row", None)
         with torch.no_grad():
-            loss = causal_lm_loss(model, inputs, rows * per_row if per_row else None)
-        return loss.detach(), None, None
+            total = causal_lm_loss(model, inputs, 1)
+        tokens = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum()
+        if self._eval_sums is not None:
+            self._eval_sums += torch.stack([total.double(), tokens.double()])
+        return (total / tokens.clamp(min=1)).detach(), None, None
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        """eval_loss is the loss over every labelled token of the evaluation, summed on all ranks,
+        whatever --per_device_eval_batch_size or --padding_free (HF averages the batches' own token
+        means, weighted by rows: before 2026-11-29 eval_loss moved with the batch size). Rows a
+        rank repeats to even out the last batch count once more here (HF drops them)."""
+        self._eval_sums = torch.zeros(2, dtype=torch.float64, device=self.args.device)
+        try:
+            output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                             metric_key_prefix)
+            total, tokens = self.accelerator.reduce(self._eval_sums, reduction="sum").tolist()
+        finally:
+            self._eval_sums = None
+        if tokens:
+            output.metrics[f"{metric_key_prefix}_loss"] = total / tokens
+        return output
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         metrics = {}
         if self.eval_dataset is not None or eval_dataset is not None:
-            self._eval_tokens_per_row = tokens_per_row(eval_dataset if eval_dataset is not None else self.eval_dataset)
             metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         if self.args.predict_with_generate and self.generation_rows and self.template is not None:
             acc = exact_match_accuracy(self.accelerator.unwrap_model(self.model), self.template, self.generation_rows,

@@ -18,8 +18,14 @@ BASE = {"model": "builtin:tiny-chat", "dataset": ["builtin:arith-sft#8"]}
     ({"streaming": True, "max_steps": 2, "split_dataset_ratio": 0.1}, "--streaming reads rows in order"),
     ({"streaming": True, "max_steps": 2, "dataset_num_proc": 2}, "--dataset_num_proc encodes rows up front"),
     ({"streaming": True, "max_steps": 2, "dataloader_num_workers": 2}, "every worker would yield every row"),
-    ({"eval_strategy": "steps"}, "--eval_strategy steps evaluates on validation data"),
     ({"eval_limit": 5}, "--eval_limit shapes the benchmarks scored during training"),
+    ({"eval_dataset_args": "{}"}, "--eval_dataset_args shapes the benchmarks"),
+    ({"eval_generation_config": "{}"}, "--eval_generation_config shapes the benchmarks"),
+    ({"generation_config": "x"}, "--generation_config does nothing"),
+    ({"lazy_tokenize": True, "dataset_num_proc": 2}, "--dataset_num_proc encodes rows up front; with --lazy_tokenize"),
+    ({"tuner_type": "full", "lora_alpha": 16}, "--lora_alpha shapes a new LoRA adapter"),
+    ({"tuner_type": "full", "lora_dropout": 0.1}, "--lora_dropout shapes a new LoRA adapter"),
+    ({"adapters": ["a"], "lora_rank": 16}, "--lora_rank shapes a new LoRA adapter; it does not apply to --adapters"),
     ({"num_labels": 3}, "--num_labels applies to --task_type seq_cls"),
     ({"tuner_type": "full", "lora_rank": 16}, "--lora_rank shapes a new LoRA adapter; it does not apply to --tuner_type full"),
     ({"tuner_type": "full", "target_modules": ["q_proj"]}, "--target_modules shapes a new LoRA adapter"),
@@ -31,9 +37,16 @@ def test_flags_nothing_reads_are_refused(kwargs, message):
         SftArguments(**BASE, **kwargs)
 
 
+def test_eval_strategy_without_validation_data_is_turned_off_as_in_ms_swift():
+    # ms-swift's examples/eval/train_eval/train.sh: --eval_strategy steps with benchmarks and no val data
+    a = SftArguments(**BASE, eval_strategy="steps", eval_use_evalscope=True, eval_dataset=["arith"])
+    assert a.training_args.eval_strategy == "no"
+
+
 def test_the_same_flags_where_they_are_read_pass():
     SftArguments(**BASE, val_dataset=["builtin:arith-sft:eval#4"], predict_with_generate=True, generation_max_length=32)
     SftArguments(**BASE, tuner_type="full", trainable_parameters=["lm_head"])
     SftArguments(**BASE, lora_rank=16, target_modules=["q_proj"])
+    SftArguments(**BASE, tuner_type="full", target_modules="all-linear")  # a config file's string: the default
     SftArguments(**BASE, warmup_ratio=0.1)
     SftArguments(**BASE, num_labels=3, task_type="seq_cls")

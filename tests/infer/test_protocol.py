@@ -41,3 +41,8 @@ def test_the_answer_to_a_cut_prompt_is_the_answer_to_its_kept_tokens(engines):
     kept = engines[None].infer([InferRequest(input_ids=full[-24:])], config)[0]
     assert cut.choices[0].token_ids == kept.choices[0].token_ids
     assert cut.prompt_tokens == 24
+
+
+def test_truncation_strategy_without_max_length_is_refused():
+    with pytest.raises(SwiftError, match="--truncation_strategy left says what happens to a prompt over --max_length"):
+        InferArguments(model="builtin:tiny-chat", truncation_strategy="left")

@@ -198,15 +198,17 @@ def test_prm_step_labels_must_be_booleans(tokenizer):
 
     template = get_template("chatml", tokenizer)
     row = load_rows(["builtin:arith-prm#1"]).rows[0]  # two steps
-    rows = [{**row, "labels": labels} for labels in (["false", "TRUE"], [0, True], [True, None], ["yes", 1], [2, 0])]
+    rows = [{**row, "labels": labels} for labels in (["false", "TRUE"], [0, True], [True, None], ["yes", 1], [2, 0],
+                                                     [0.0, 1.0], [0.5, 1])]
     rowset = RowSet(rows=rows, origins=[f"row {i}" for i in range(len(rows))])
     samples = encode_rows(rowset, partial(encode_steps, template, a=SimpleNamespace(step_separator="\n",
                                                                                    max_length=None)), strict=False)
-    assert [[t for t in s["sequences"][0][1] if t != IGNORE_INDEX] for s in samples] == [[0, 1], [0, 1]]
+    assert [[t for t in s["sequences"][0][1] if t != IGNORE_INDEX] for s in samples] == [[0, 1], [0, 1], [0, 1]]
     assert {reason: rowset.first_bad[reason] for reason in rowset.dropped} == {
         "step label None is not a boolean (true/false, or 1/0)": "row 2",
         "step label 'yes' is not a boolean (true/false, or 1/0)": "row 3",
-        "step label 2 is not a boolean (true/false, or 1/0)": "row 4"}
+        "step label 2 is not a boolean (true/false, or 1/0)": "row 4",
+        "step label 0.5 is not a boolean (true/false, or 1/0)": "row 6"}
 
 
 def test_prm_trains_and_loads_as_token_classifier(tmp_path):

@@ -186,16 +186,18 @@ def test_two_rank_ddp_ends_in_sync(tmp_path):
 
 
 def test_eval_loss_is_the_token_mean_whatever_the_eval_batch_size(tmp_path):
-    """Validation rows of different answer lengths: eval_loss is the mean over every labelled token
-    (one batch holding all rows gives it) at any --per_device_eval_batch_size (before 2026-11-29 it
-    was the rows' average of each batch's own token mean: 7.7837 / 7.7782 / 7.7858 at 1 / 3 / 8)."""
+    """7 validation rows of different answer lengths: eval_loss is the mean over every labelled token
+    (one batch holding all rows gives it) at any --per_device_eval_batch_size, a last batch shorter
+    than the others (3 + 3 + 1) and with --padding_free (one joined row per batch). Before
+    2026-11-29 it was the mean of each batch's own token mean, and moved with the batch size."""
     losses = {}
-    for bs in (8, 3, 1):
-        result = sft_main(train_argv(tmp_path / f"bs{bs}", "--max_steps", "1", "--eval_steps", "1",
-                                     "--val_dataset", "builtin:arith-sft:eval#5", "builtin:self-cognition#3",
-                                     "--per_device_eval_batch_size", str(bs)))
-        losses[bs] = result["metrics"]["eval_loss"]
-    assert losses[3] == pytest.approx(losses[8], rel=1e-5) and losses[1] == pytest.approx(losses[8], rel=1e-5)
+    for bs, extra in ((8, ()), (3, ()), (1, ()), (3, ("--padding_free", "true"))):
+        result = sft_main(train_argv(tmp_path / f"bs{bs}{len(extra)}", "--max_steps", "1", "--eval_steps", "1",
+                                     "--val_dataset", "builtin:arith-sft:eval#5", "builtin:self-cognition#2",
+                                     "--per_device_eval_batch_size", str(bs), *extra))
+        losses[bs, bool(extra)] = result["metrics"]["eval_loss"]
+    for key, loss in losses.items():
+        assert loss == pytest.approx(losses[8, False], rel=1e-5), key
 
 
 def test_resume_into_output_dir_itself_is_checked_as_into_a_version(tmp_path):
@@ -205,3 +207,10 @@ def test_resume_into_output_dir_itself_is_checked_as_into_a_version(tmp_path):
         sft_main(train_argv(tmp_path / "empty", "--resume_from_checkpoint", "last"))
     with pytest.raises(SwiftError, match="--resume_from_checkpoint .*nowhere: no such checkpoint directory"):
         sft_main(train_argv(tmp_path / "run", "--resume_from_checkpoint", str(tmp_path / "nowhere")))
+
+
+def test_validation_data_none_of_whose_rows_encode_stops_in_one_line(tmp_path):
+    val = tmp_path / "val.jsonl"
+    val.write_text(json.dumps({"messages": [{"role": "user", "content": "no answer"}]}) + "\n")
+    with pytest.raises(SwiftError, match="validation data: none of its rows could be encoded .*no assistant message"):
+        sft_main(train_argv(tmp_path / "run", "--val_dataset", str(val)))

@@ -359,8 +359,9 @@ def test_a_bucket_that_would_load_wrongly_is_refused_before_anything_is_received
 @pytest.mark.parametrize("argv,message", [
     (["--task_type", "seq_cls"], "--task_type seq_cls: swift rollout generates text (causal_lm)"),
     (["--num_labels", "3"], "--num_labels applies to --task_type seq_cls / token_cls"),
-    (["--truncation_strategy", "left"], "--truncation_strategy caps prompts this command encodes; swift rollout serves"),
-    (["--max_length", "64"], "--max_length caps prompts this command encodes; swift rollout serves prompts as"),
+    (["--truncation_strategy", "left"], "--truncation_strategy left says what happens to a prompt over --max_length"),
+    (["--max_length", "64", "--truncation_strategy", "left"],
+     "--max_length caps prompts this command encodes; swift rollout does not cap prompts"),
     (["--loss_scale", "all"], "--loss_scale applies to training (which tokens get loss); this command only generates"),
 ])
 def test_flags_a_generation_server_does_not_read_are_refused(argv, message):
