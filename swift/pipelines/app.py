@@ -170,7 +170,11 @@ def web_ui_main(args: WebUIArguments | list[str] | None = None) -> None:
     if a.share and auth is None:  # a public link to a page that runs commands as this user
         raise SwiftError("--share publishes the console, which runs commands as this user: give --auth or --auth_file")
     check_share(a.share)
-    _warn_if_open(a.server_name, auth is not None, "swift web-ui", "run commands as this user")
+    from swift.serving.guard import is_loopback
+
+    if auth is None and not is_loopback(a.server_name):  # (before 2026-11-29 a warning only)
+        raise SwiftError(f"--server_name {a.server_name} opens the console, which runs commands (and plugin code) as "
+                         "this user, to other machines: give --auth or --auth_file")
     os.makedirs(a.runs_dir, exist_ok=True)
     demo, backend = build_console(os.path.abspath(a.runs_dir), lang=a.lang, title=a.studio_title)
     try:

@@ -27,6 +27,7 @@ def swift(*argv: str) -> subprocess.CompletedProcess:
     (["app", "--model", "builtin:tiny-chat", "--lang", "fr"], "--lang 'fr' is not one of en, zh"),
     (["web-ui", "--auth", "nopassword"], "--auth: expected user:password"),
     (["web-ui", "--share", "true"], "--share publishes the console, which runs commands as this user"),
+    (["web-ui", "--server_name", "0.0.0.0"], "--server_name 0.0.0.0 opens the console, which runs commands"),
     (["app", "--base_url", "http://127.0.0.1:9/v1", "--torch_dtype", "float16"], "--torch_dtype does nothing with --base_url"),
     (["app", "--base_url", "http://127.0.0.1:9/v1", "--max_batch_size", "4"], "--max_batch_size does nothing with --base_url"),
     (["app", "--model", "builtin:tiny-chat", "--api_key", "k"], "--api_key is the key of --base_url"),
@@ -59,10 +60,10 @@ def test_auth_from_a_file_and_the_warning_for_an_open_address(tmp_path):
     logger = logging.getLogger("swift")
     logger.addHandler(handler)
     try:
-        P._warn_if_open("127.0.0.1", False, "swift web-ui")
-        P._warn_if_open("0.0.0.0", True, "swift web-ui")
+        P._warn_if_open("127.0.0.1", False, "swift app")
+        P._warn_if_open("0.0.0.0", True, "swift app")
         assert records == []
-        P._warn_if_open("0.0.0.0", False, "swift web-ui")
+        P._warn_if_open("0.0.0.0", False, "swift app")
         assert len(records) == 1 and "binds 0.0.0.0 without --auth" in records[0].getMessage()
     finally:
         logger.removeHandler(handler)
