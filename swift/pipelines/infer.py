@@ -107,8 +107,14 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     run = {"val_dataset": list(a.val_dataset), "model": a.model, "adapters": list(a.adapters),
            "template": a.template, "system": a.system,
            "generation": {**dataclasses.asdict(config), "max_tokens": a.max_new_tokens}, "num_rows": len(rows)}
-    if a.max_length is not None:  # recorded only when given: files of earlier runs still resume
+    # recorded only when given: files of earlier runs still resume
+    if a.max_length is not None:
         run["prompt_max_length"] = [a.max_length, a.truncation_strategy]
+    backend = {k: v for k, v, default in (("infer_backend", a.infer_backend, "transformers"),
+                                          ("torch_dtype", a.torch_dtype, "auto"), ("quant_bits", a.quant_bits, None))
+               if v != default}
+    if backend:  # another engine, dtype or quantization answers otherwise
+        run["engine"] = backend
     done = _resume(path, run, rows.origins)
     if done:
         logger.info(f"{path}: {len(done)} of {len(rows)} rows already done; continuing with the other "

@@ -69,6 +69,8 @@ def test_an_interrupted_run_continues_with_the_same_command(tmp_path, monkeypatc
     # a different run never writes over these results
     with pytest.raises(SwiftError, match="already exists with results of another run \\(generation differ"):
         infer_main([*argv[:-2], "--seed", "6"])
+    with pytest.raises(SwiftError, match="results of another run \\(engine differ"):  # nor another dtype's
+        infer_main([*argv, "--torch_dtype", "bfloat16"])
     assert open(out).read().splitlines() == again
 
 
