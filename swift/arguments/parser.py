@@ -106,7 +106,11 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
             if refused:
                 raise ArgumentError(f"{config_path}: {refused}")
             raise ArgumentError(f"{config_path}: unknown key '{unknown[0]}'.{closest(unknown[0], valid)}")
-        parser.set_defaults(**config)
+        # a list flag given one value in a file (`modules_to_save: lm_head`) is a list of it, as on the
+        # command line; a string would be read character by character
+        listed = {a.dest for a in parser._actions if a.nargs in ("+", "*")}
+        parser.set_defaults(**{k: [v] if k in listed and isinstance(v, (str, int, float, bool)) else v
+                               for k, v in config.items()})
     argv = [_openrlhf_name(arg, aliases) for arg in argv]
     namespace, rest = parser.parse_known_args(argv)
     if rest:

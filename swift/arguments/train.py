@@ -164,6 +164,9 @@ class SftArguments(ComposedArguments):
         cached = kwargs.get("cached_dataset") or []
         has_val = bool(kwargs.get("val_dataset")) or float(kwargs.get("split_dataset_ratio") or 0) > 0 or any(
             os.path.isdir(os.path.join(d, "val")) for d in ([cached] if isinstance(cached, str) else cached))
+        if kwargs.get("load_best_model_at_end") and not has_val:
+            raise SwiftError("--load_best_model_at_end picks a checkpoint by its evaluation; give --val_dataset or "
+                             "--split_dataset_ratio")
         if str(kwargs.get("eval_strategy") or "no") != "no" and not has_val:
             # as ms-swift (its own examples pass it with --eval_use_evalscope, which counts its steps
             # itself); HF would stop at a strategy without data

@@ -61,11 +61,15 @@ class TunerArguments:
                 re.compile(self.target_regex)
             except re.error as e:
                 raise SwiftError(f"--target_regex {self.target_regex!r} is not a valid regular expression: {e}") from None
-        if isinstance(self.target_modules, str):  # a config file's `target_modules: all-linear`
+        if isinstance(self.target_modules, str):  # the Python API's `target_modules="all-linear"`
             self.target_modules = [self.target_modules]
-        lora_only = [flag for flag, value, default in (
+        shape = [flag for flag, value, default in (  # read by a new LoRA: the policy's, or PPO's critic's
             ("lora_rank", self.lora_rank, 8), ("lora_alpha", self.lora_alpha, 32), ("lora_dropout", self.lora_dropout, 0.05),
-            ("target_modules", list(self.target_modules), ["all-linear"]), ("target_regex", self.target_regex, None), ("modules_to_save", self.modules_to_save, []),
+            ("target_modules", list(self.target_modules), ["all-linear"])) if value != default]
+        if shape and self.tuner_type != "lora":
+            raise SwiftError(f"--{shape[0]} shapes a new LoRA adapter; it does not apply to --tuner_type full")
+        lora_only = [flag for flag, value, default in (
+            ("target_regex", self.target_regex, None), ("modules_to_save", self.modules_to_save, []),
             ("lora_bias", self.lora_bias, "none"), ("use_dora", self.use_dora, False),
             ("use_rslora", self.use_rslora, False), ("init_weights", str(self.init_weights).lower(), "true"),
             ("lora_dtype", self.lora_dtype, None)) if value != default]

@@ -170,12 +170,16 @@ class VllmEngine(InferEngine):
         tops = [(lp.decoded_token or "", lp.logprob) for tid, lp in ranked if tid != token or lp.rank][:top]
         return TokenLogprob(table[token].decoded_token or "", token, table[token].logprob, tops)
 
+    def _ended_by_stop_token(self, o) -> bool:
+        return o.finish_reason == "stop" and not isinstance(o.stop_reason, str) and bool(o.token_ids) \
+            and o.token_ids[-1] in self.eos_ids
+
     def _choice(self, o, config: RequestConfig) -> Choice:
         """vLLM keeps the EOS token that ended a sequence in its token ids; the protocol reports it
         as `stop_token_id` (token ids and log-probs then hold the answer's own tokens only)."""
         ids, logprobs = list(o.token_ids), self._logprobs(o, config)
         stop_token = stop_logprob = None
-        if o.finish_reason == "stop" and not isinstance(o.stop_reason, str) and ids and ids[-1] in self.eos_ids:
+        if self._ended_by_stop_token(o) and ids:
             stop_token = ids.pop()
             if logprobs is not None and len(logprobs) > len(ids):
                 stop_logprob = logprobs.pop().logprob
@@ -201,8 +205,12 @@ class VllmEngine(InferEngine):
                         done = o.finish_reason is not None
                         if len(o.text) > chars or len(o.token_ids) > toks or done:
                             reason = None if not done else ("length" if o.finish_reason == "length" else "stop")
-                            put(StreamDelta(o.index, o.text[chars:], list(o.token_ids[toks:]), reason,
-                                            self._logprobs(o, config, toks)))
+                            ids, logprobs = list(o.token_ids[toks:]), self._logprobs(o, config, toks)
+                            if done and self._ended_by_stop_token(o) and ids:  # as `_choice`: not the answer's
+                                ids.pop()
+                                if logprobs is not None and len(logprobs) > len(ids):
+                                    logprobs.pop()
+                            put(StreamDelta(o.index, o.text[chars:], ids, reason, logprobs))
                             sent[o.index] = (len(o.text), len(o.token_ids))
             except BaseException as e:  # noqa: BLE001 - delivered to the caller
                 put(e)

@@ -25,12 +25,12 @@ BASE = {"model": "builtin:tiny-chat", "dataset": ["builtin:arith-sft#8"]}
     ({"lazy_tokenize": True, "dataset_num_proc": 2}, "--dataset_num_proc encodes rows up front; with --lazy_tokenize"),
     ({"tuner_type": "full", "lora_alpha": 16}, "--lora_alpha shapes a new LoRA adapter"),
     ({"tuner_type": "full", "lora_dropout": 0.1}, "--lora_dropout shapes a new LoRA adapter"),
-    ({"adapters": ["a"], "lora_rank": 16}, "--lora_rank shapes a new LoRA adapter; it does not apply to --adapters"),
     ({"num_labels": 3}, "--num_labels applies to --task_type seq_cls"),
     ({"tuner_type": "full", "lora_rank": 16}, "--lora_rank shapes a new LoRA adapter; it does not apply to --tuner_type full"),
     ({"tuner_type": "full", "target_modules": ["q_proj"]}, "--target_modules shapes a new LoRA adapter"),
     ({"trainable_parameters": ["lm_head"]}, "--trainable_parameters apply to --tuner_type full"),
     ({"warmup_ratio": 0.1, "warmup_steps": 50}, "--warmup_ratio and --warmup_steps both set the warmup"),
+    ({"eval_strategy": "steps", "load_best_model_at_end": True}, "--load_best_model_at_end picks a checkpoint"),
 ])
 def test_flags_nothing_reads_are_refused(kwargs, message):
     with pytest.raises(SwiftError, match=message):
@@ -50,3 +50,18 @@ def test_the_same_flags_where_they_are_read_pass():
     SftArguments(**BASE, tuner_type="full", target_modules="all-linear")  # a config file's string: the default
     SftArguments(**BASE, warmup_ratio=0.1)
     SftArguments(**BASE, num_labels=3, task_type="seq_cls")
+
+
+def test_a_list_flag_given_one_value_in_a_config_file_is_a_list_of_it(tmp_path):
+    """(before 2026-11-29 `modules_to_save: lm_head` became the characters l, m, _, ... and PEFT
+    wrapped every module whose name ends in one of them)"""
+    from swift.arguments.parser import parse_args
+
+    config = tmp_path / "sft.yaml"
+    config.write_text("model: builtin:tiny-chat\ndataset: builtin:arith-sft#8\nmodules_to_save: lm_head\n"
+                      "target_modules: all-linear\nreport_to: none\n")
+    a = parse_args(SftArguments, ["--config", str(config)])
+    assert (a.modules_to_save, a.target_modules, a.dataset) == (["lm_head"], ["all-linear"], ["builtin:arith-sft#8"])
+    # ms-swift's examples/yaml writes the default this way; with full tuning it is not a LoRA flag set
+    config.write_text("model: builtin:tiny-chat\ndataset: builtin:arith-sft#8\ntarget_modules: all-linear\n")
+    assert parse_args(SftArguments, ["--config", str(config), "--tuner_type", "full"]).tuner_type == "full"

@@ -87,9 +87,16 @@ def test_the_templates_end_of_turn_token_ends_the_answer_when_eos_is_another(tmp
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     engine, _ = build_engine(InferArguments(model=str(tmp_path), template="chatml", infer_backend="vllm",
                                             vllm_enforce_eager=True))
+    config = RequestConfig(max_tokens=12, logit_bias={im_end: 100.0})
+
+    async def streamed():  # the stop token is not the answer's in a stream either (it was sent before)
+        return [t for d in [d async for d in engine.stream_async(chat("7+5="), config)] for t in d.token_ids]
+
     try:
-        answer = engine.infer([chat("7+5=")], RequestConfig(max_tokens=12, logit_bias={im_end: 100.0}))[0]
+        answer = engine.infer([chat("7+5=")], config)[0]
+        stream_ids = asyncio.run(streamed())
     finally:
         engine.close()
     choice = answer.choices[0]
     assert choice.finish_reason == "stop" and choice.token_ids == [] and choice.stop_token_id == im_end
+    assert stream_ids == []
