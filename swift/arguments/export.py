@@ -163,9 +163,7 @@ class ExportOptions:
         self.seed = CACHE_SEED if self.seed is None else self.seed
         self.split_dataset_ratio = self.split_dataset_ratio or 0.0
         self.dataset_num_proc = self.dataset_num_proc or 1
-        self.data_args()  # training's own checks of the row flags
-        if self.val_dataset and self.split_dataset_ratio:
-            raise SwiftError("--split_dataset_ratio holds rows of --dataset out; with --val_dataset it is not read")
+        self.data_args()  # training's own checks of the row flags (--val_dataset with --split_dataset_ratio too)
 
     def data_args(self):
         """--to_cached_dataset's row flags as training takes them."""

@@ -97,7 +97,7 @@ def test_export_refusals(tmp_path):
                            (["--dataset", "x", "--merge_lora", "true"], "leave out --merge_lora"),
                            (["--dataset", "x", "--truncation_strategy", "middle"], "--truncation_strategy 'middle'"),
                            (["--dataset", "x", "--val_dataset", "y", "--split_dataset_ratio", "0.1"],
-                            "with --val_dataset it is not read")]:
+                            "--val_dataset is the validation data; --split_dataset_ratio would hold out rows")]:
         with pytest.raises(SwiftError, match=message):
             export_main([*base, *flags, "--output_dir", str(tmp_path / "o")])
     with pytest.raises(SwiftError, match="--system is read only with --to_cached_dataset true"):
