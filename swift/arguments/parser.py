@@ -108,7 +108,7 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
             raise ArgumentError(f"{config_path}: unknown key '{unknown[0]}'.{closest(unknown[0], valid)}")
         # a list flag given one value in a file (`modules_to_save: lm_head`) is a list of it, as on the
         # command line; a string would be read character by character
-        listed = {a.dest for a in parser._actions if a.nargs in ("+", "*")}
+        listed = {a.dest for a in parser._actions if a.nargs in ("+", "*")} - {"debug"}  # HF splits its string
         parser.set_defaults(**{k: [v] if k in listed and isinstance(v, (str, int, float, bool)) else v
                                for k, v in config.items()})
     argv = [_openrlhf_name(arg, aliases) for arg in argv]

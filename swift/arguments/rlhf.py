@@ -429,6 +429,11 @@ class RLHFArguments(SftArguments):
                                          "duplicate_rollout_batch_by": "num_generations",
                                          "harmlessness_training_num_episodes": "num_train_epochs"}
 
+    def builds_a_lora_beside_adapters(self) -> bool:
+        # PPO's separate critic gets a new LoRA from these flags (`swift.pipelines.rlhf`), also when
+        # the policy continues from --adapters
+        return self.rlhf_type == "ppo" and self.critic_backbone == "separate"
+
     def __post_init__(self) -> None:
         algo = self.rlhf_args.algorithm
         if algo.task_type != "causal_lm":  # a value head: rm → seq_cls, prm → token_cls

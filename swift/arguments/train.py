@@ -180,9 +180,17 @@ class SftArguments(ComposedArguments):
             kwargs["eval_steps"] = kwargs.get("save_steps") or 500
         super().__init__(**kwargs)
 
+    def builds_a_lora_beside_adapters(self) -> bool:
+        """Whether the LoRA flags shape a new adapter even with --adapters (PPO's separate critic)."""
+        return False
+
     def __post_init__(self) -> None:
         if not self.model:
             raise SwiftError("--model is required (a local directory, a hub id, or builtin:tiny-chat)")
+        new_lora = self.tuner_args.new_lora_flags()
+        if new_lora and self.adapters and not self.builds_a_lora_beside_adapters():
+            raise SwiftError(f"--{new_lora[0]} shapes a new LoRA adapter; it does not apply to --adapters (the loaded "
+                             "adapter keeps its own configuration)")
         if not self.dataset and not self.cached_dataset:
             raise SwiftError("--dataset is required (a file, a hub id, or builtin:arith-sft)")
         if self.generation_max_length and not self.predict_with_generate:

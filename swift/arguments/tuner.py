@@ -38,6 +38,17 @@ class TunerArguments:
     lora_dtype: str | None = field(default=None, metadata={
         "help": "LoRA: dtype of the adapter weights (float32, bfloat16, float16; default: the model's)."})
 
+    def new_lora_flags(self) -> list[str]:
+        """The flags set away from their defaults that only a new LoRA adapter reads (with --adapters
+        the loaded one keeps its own configuration: the command decides whether it builds another)."""
+        return [flag for flag, value, default in (
+            ("lora_rank", self.lora_rank, 8), ("lora_alpha", self.lora_alpha, 32), ("lora_dropout", self.lora_dropout, 0.05),
+            ("target_modules", list(self.target_modules), ["all-linear"]), ("target_regex", self.target_regex, None),
+            ("modules_to_save", self.modules_to_save, []), ("lora_bias", self.lora_bias, "none"),
+            ("use_dora", self.use_dora, False), ("use_rslora", self.use_rslora, False),
+            ("init_weights", str(self.init_weights).lower(), "true"), ("lora_dtype", self.lora_dtype, None))
+            if value != default]
+
     def __post_init__(self) -> None:
         if self.train_type is not None:
             self.tuner_type, self.train_type = self.train_type, None
@@ -63,20 +74,9 @@ class TunerArguments:
                 raise SwiftError(f"--target_regex {self.target_regex!r} is not a valid regular expression: {e}") from None
         if isinstance(self.target_modules, str):  # the Python API's `target_modules="all-linear"`
             self.target_modules = [self.target_modules]
-        shape = [flag for flag, value, default in (  # read by a new LoRA: the policy's, or PPO's critic's
-            ("lora_rank", self.lora_rank, 8), ("lora_alpha", self.lora_alpha, 32), ("lora_dropout", self.lora_dropout, 0.05),
-            ("target_modules", list(self.target_modules), ["all-linear"])) if value != default]
-        if shape and self.tuner_type != "lora":
-            raise SwiftError(f"--{shape[0]} shapes a new LoRA adapter; it does not apply to --tuner_type full")
-        lora_only = [flag for flag, value, default in (
-            ("target_regex", self.target_regex, None), ("modules_to_save", self.modules_to_save, []),
-            ("lora_bias", self.lora_bias, "none"), ("use_dora", self.use_dora, False),
-            ("use_rslora", self.use_rslora, False), ("init_weights", str(self.init_weights).lower(), "true"),
-            ("lora_dtype", self.lora_dtype, None)) if value != default]
-        if lora_only and (self.tuner_type != "lora" or self.adapters):
-            raise SwiftError(f"--{lora_only[0]} shapes a new LoRA adapter; it does not apply to "
-                             + ("--tuner_type full" if self.tuner_type != "lora" else
-                                "--adapters (the loaded adapter keeps its own configuration)"))
+        new_lora = self.new_lora_flags()
+        if new_lora and self.tuner_type != "lora":
+            raise SwiftError(f"--{new_lora[0]} shapes a new LoRA adapter; it does not apply to --tuner_type full")
         if self.tuner_type == "lora" and (self.freeze_parameters or self.freeze_parameters_ratio
                                           or self.trainable_parameters):
             raise SwiftError("--freeze_parameters / --freeze_parameters_ratio / --trainable_parameters apply to "

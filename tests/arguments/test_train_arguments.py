@@ -29,6 +29,8 @@ BASE = {"model": "builtin:tiny-chat", "dataset": ["builtin:arith-sft#8"]}
     ({"tuner_type": "full", "lora_rank": 16}, "--lora_rank shapes a new LoRA adapter; it does not apply to --tuner_type full"),
     ({"tuner_type": "full", "target_modules": ["q_proj"]}, "--target_modules shapes a new LoRA adapter"),
     ({"trainable_parameters": ["lm_head"]}, "--trainable_parameters apply to --tuner_type full"),
+    ({"adapters": ["a"], "lora_rank": 16}, "--lora_rank shapes a new LoRA adapter; it does not apply to --adapters"),
+    ({"adapters": ["a"], "use_dora": True}, "--use_dora shapes a new LoRA adapter; it does not apply to --adapters"),
     ({"warmup_ratio": 0.1, "warmup_steps": 50}, "--warmup_ratio and --warmup_steps both set the warmup"),
     ({"eval_strategy": "steps", "load_best_model_at_end": True}, "--load_best_model_at_end picks a checkpoint"),
 ])
@@ -65,3 +67,13 @@ def test_a_list_flag_given_one_value_in_a_config_file_is_a_list_of_it(tmp_path):
     # ms-swift's examples/yaml writes the default this way; with full tuning it is not a LoRA flag set
     config.write_text("model: builtin:tiny-chat\ndataset: builtin:arith-sft#8\ntarget_modules: all-linear\n")
     assert parse_args(SftArguments, ["--config", str(config), "--tuner_type", "full"]).tuner_type == "full"
+
+
+def test_ppo_with_adapters_takes_the_lora_flags_its_separate_critic_reads():
+    from swift.arguments.rlhf import RLHFArguments
+
+    ppo = dict(model="builtin:tiny-chat", dataset=["builtin:arith-grpo#8"], rlhf_type="ppo", reward_funcs=["accuracy"],
+               adapters=["a"])
+    assert RLHFArguments(**ppo, lora_rank=16, use_dora=True).lora_rank == 16
+    with pytest.raises(SwiftError, match="--lora_rank shapes a new LoRA adapter; it does not apply to --adapters"):
+        RLHFArguments(**{**ppo, "rlhf_type": "grpo"}, lora_rank=16)

@@ -46,3 +46,10 @@ def test_the_answer_to_a_cut_prompt_is_the_answer_to_its_kept_tokens(engines):
 def test_truncation_strategy_without_max_length_is_refused():
     with pytest.raises(SwiftError, match="--truncation_strategy left says what happens to a prompt over --max_length"):
         InferArguments(model="builtin:tiny-chat", truncation_strategy="left")
+
+
+def test_text_too_long_for_any_tokenisation_is_refused_under_left_too(engines):
+    """The character precheck (more characters than context × the longest token) runs before any cut."""
+    text = "1" * (engines["left"].max_model_len * engines["left"].longest_token + 1)
+    with pytest.raises(SwiftError, match="more than the model's context"):
+        engines["left"].encode(InferRequest(messages=[{"role": "user", "content": text}]))
