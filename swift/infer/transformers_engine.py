@@ -33,6 +33,14 @@ from swift.utils.registry import SwiftError
 logger = get_logger(__name__)
 
 
+
+def answer_end_ids(model, tokenizer, template: Template | None) -> set[int]:
+    """What ends an answer: the tokenizer's EOS, the generation config's (Llama-3 and Qwen list
+    several) and a named template's end-of-turn token (`Template.end_of_turn_ids`)."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = {tokenizer.eos_token_id, *(configured if isinstance(configured, list) else [configured])}
+    return {i for i in ids if i is not None} | (template.end_of_turn_ids() if template else set())
+
 class TransformersEngine(Decoding, InferEngine):
     def __init__(self, model, tokenizer, template: Template, *, max_batch_size: int = 32,
                  max_model_len: int | None = None, default_adapter: str | None = None,
@@ -59,10 +67,7 @@ class TransformersEngine(Decoding, InferEngine):
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 2048)
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        eos = {tokenizer.eos_token_id}
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-        self.eos_ids = {e for e in eos if e is not None} | (template.end_of_turn_ids() if template else set())
+        self.eos_ids = answer_end_ids(model, tokenizer, template)
         self._pending: deque[_Job] = deque()
         self._wake = threading.Condition()
         self._closed = False

@@ -3,17 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from swift.infer.transformers_engine import answer_end_ids
 from swift.template.base import Template
-
-
-def stop_ids(model, template: Template) -> list[int]:
-    """What ends an answer, as in the inference engine: the tokenizer's EOS, the generation config's
-    (Llama-3 and Qwen list several) and the template's end-of-turn token (before 2026-11-29 only the
-    tokenizer's EOS: a chat model whose EOS is another token ran on into invented turns)."""
-    ids = {template.tokenizer.eos_token_id} | template.end_of_turn_ids()
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids |= set(configured if isinstance(configured, list) else [configured])
-    return sorted(i for i in ids if i is not None)
 
 
 @torch.no_grad()
@@ -44,6 +35,9 @@ def exact_match_accuracy(model, template: Template, rows: list[dict], max_new_to
     if not rows:
         return float("nan")
     prompts = [template.encode_prompt(r["messages"][:-1]) for r in rows]
-    answers = generate_greedy(model, template.tokenizer, prompts, max_new_tokens, eos_ids=stop_ids(model, template))
+    # where the inference engine ends an answer (before 2026-11-29 at the tokenizer's EOS alone: a chat
+    # model whose EOS is another token ran on into invented turns)
+    ends = sorted(answer_end_ids(model, template.tokenizer, template))
+    answers = generate_greedy(model, template.tokenizer, prompts, max_new_tokens, eos_ids=ends)
     hits = sum(a.strip() == r["messages"][-1]["content"].strip() for a, r in zip(answers, rows))
     return hits / len(rows)

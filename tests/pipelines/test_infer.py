@@ -74,10 +74,14 @@ def test_an_interrupted_run_continues_with_the_same_command(tmp_path, monkeypatc
     assert open(out).read().splitlines() == again
 
 
+def chat_in_a_terminal(max_new_tokens: int) -> pexpect.spawn:
+    return pexpect.spawn(sys.executable, ["-m", "swift", "infer", "--model", "builtin:tiny-chat",
+                                          "--max_new_tokens", str(max_new_tokens)], encoding="utf-8", timeout=120,
+                         env={**os.environ, "TERM": "dumb"})
+
+
 def test_interactive_chat_in_a_terminal():
-    child = pexpect.spawn(sys.executable, ["-m", "swift", "infer", "--model", "builtin:tiny-chat",
-                                           "--max_new_tokens", "5"], encoding="utf-8", timeout=120,
-                          env={**os.environ, "TERM": "dumb"})
+    child = chat_in_a_terminal(5)
     child.expect("<<< ")
     child.sendline("12+34=")
     child.expect(">>> ")
@@ -228,9 +232,7 @@ def test_a_row_without_a_conversation_is_that_rows_failure(tmp_path):
 def test_end_of_input_at_the_new_system_prompt_ends_the_chat():
     """Ctrl-D after `reset-system` ends the chat as at the prompt (before 2026-11-29: an EOFError
     traceback)."""
-    child = pexpect.spawn(sys.executable, ["-m", "swift", "infer", "--model", "builtin:tiny-chat",
-                                           "--max_new_tokens", "2"], encoding="utf-8", timeout=120,
-                          env={**os.environ, "TERM": "dumb"})
+    child = chat_in_a_terminal(2)
     child.expect("<<< ")
     child.sendline("reset-system")
     child.expect("new system prompt: ")
