@@ -62,6 +62,15 @@ class EngineArguments:
         return named_adapters(self.adapters)
 
 
+def refuse_vllm_flags(args, backend: str) -> None:
+    """vLLM's own flags (`--vllm_*`) change nothing when `backend`, the engine this run builds, is another."""
+    if backend != "vllm":
+        import dataclasses
+
+        read = {f.name for f in dataclasses.fields(EngineArguments) if not f.name.startswith("vllm_")}
+        args.refuse_unread(("engine_args",), read, f"is read by the vllm engine only (this run uses {backend})")
+
+
 def named_adapters(specs: list[str], flag: str = "--adapters") -> dict[str, str]:
     """`name=path` pairs; a bare path is named after its directory."""
     import os

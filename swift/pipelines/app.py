@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from swift.app.i18n import LANGS
 from swift.arguments.base import ComposedArguments
-from swift.arguments.infer import EngineArguments
+from swift.arguments.infer import EngineArguments, refuse_vllm_flags
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import PromptTemplateArguments
 from swift.pipelines.base import resolve_args
@@ -76,6 +76,7 @@ class AppArguments(ComposedArguments):
                 raise SwiftError(f"--task_type {self.task_type}: the chat page generates text (causal_lm)")
             if not self.model and not self.adapters:
                 raise SwiftError("swift app needs --model (or --adapters), or --base_url")
+            refuse_vllm_flags(self, self.infer_backend)
         self.refuse_unread(parts, read, f"does nothing with --base_url: the server at {self.base_url} loads and "
                                         "runs the model")
 

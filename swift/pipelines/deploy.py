@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from swift.arguments.base import ComposedArguments
-from swift.arguments.infer import EngineArguments
+from swift.arguments.infer import EngineArguments, refuse_vllm_flags
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import PromptTemplateArguments
 from swift.serving.guard import ServingLimits, warn_if_open
@@ -42,6 +42,12 @@ class DeployArguments(ComposedArguments):
         "server_args": ServerArguments,
         "serving_limits": ServingLimits,
     }
+
+    def __post_init__(self) -> None:
+        if self.task_type == "seq_cls" and self.infer_backend != "transformers":
+            raise SwiftError(f"--infer_backend {self.infer_backend}: a reward model (--task_type seq_cls) is served "
+                             "by the transformers engine")
+        refuse_vllm_flags(self, self.infer_backend)
 
 
 def deploy_main(args: DeployArguments | list[str] | None = None) -> None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from tqdm import tqdm
 
 from swift.arguments.base import ComposedArguments
-from swift.arguments.infer import EngineArguments, GenerationArguments
+from swift.arguments.infer import EngineArguments, GenerationArguments, refuse_vllm_flags
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import PromptTemplateArguments
 from swift.pipelines.base import resolve_args
@@ -110,6 +110,8 @@ class EvalArguments(ComposedArguments):
         if self.eval_url:
             self.refuse_unread(("model_args", "template_args", "engine_args"), {"model", "use_hf", "external_plugins"},
                                f"does nothing with --eval_url: the server at {self.eval_url} loads and runs the model")
+        else:
+            refuse_vllm_flags(self, self.infer_backend)
 
 
 def with_generation(config, generation: dict):

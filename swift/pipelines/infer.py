@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from tqdm import tqdm
 
 from swift.arguments.base import ComposedArguments
-from swift.arguments.infer import EngineArguments, GenerationArguments
+from swift.arguments.infer import EngineArguments, GenerationArguments, refuse_vllm_flags
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import PromptTemplateArguments
 from swift.pipelines.base import resolve_args
@@ -81,10 +81,7 @@ class InferArguments(ComposedArguments):
             raise SwiftError(f"--adapters: swift infer applies one adapter to every request, got {len(self.adapters)}; "
                              "fold them into one model with `swift merge-lora --adapters A B` (applied in order), or "
                              "serve each by name with `swift deploy --adapters a=A b=B`")
-        if self.infer_backend != "vllm":
-            read = {f.name for f in dataclasses.fields(EngineArguments) if not f.name.startswith("vllm_")}
-            self.refuse_unread(("engine_args",), read,
-                               f"is read by --infer_backend vllm only (this run uses {self.infer_backend})")
+        refuse_vllm_flags(self, self.infer_backend)
 
 
 def _adapter(adapters: dict[str, str]) -> str | None:

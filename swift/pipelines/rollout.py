@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from swift.arguments.base import ComposedArguments
-from swift.arguments.infer import EngineArguments
+from swift.arguments.infer import EngineArguments, refuse_vllm_flags
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import PromptTemplateArguments, refuse_prompt_limit
 from swift.serving.guard import ServingLimits, warn_if_open
@@ -57,6 +57,7 @@ class RolloutArguments(ComposedArguments):
             raise SwiftError(f"--task_type {self.task_type}: swift rollout generates text (causal_lm)")
         if self.num_labels is not None:
             raise SwiftError("--num_labels applies to --task_type seq_cls / token_cls; swift rollout generates text")
+        refuse_vllm_flags(self, self.infer_backend)
         refuse_prompt_limit(self, "swift rollout does not cap prompts: single-turn prompts come cut by the trainer, "
                                   "and a multi-turn context is bounded by the model's (--vllm_max_model_len)")
 

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 from tqdm import tqdm
 
 from swift.arguments.base import ComposedArguments
-from swift.arguments.infer import EngineArguments, GenerationArguments
+from swift.arguments.infer import EngineArguments, GenerationArguments, refuse_vllm_flags
 from swift.arguments.model import ModelArguments
 from swift.arguments.template import PromptTemplateArguments, refuse_prompt_limit
 from swift.pipelines.base import resolve_args
@@ -147,6 +147,11 @@ class SampleArguments(ComposedArguments):
                 raise SwiftError(f"--model {self.model} and --engine_kwargs model {served}: give the served model once")
             self.refuse_unread(("model_args", "engine_args"), {"model", "use_hf", "external_plugins"},
                                "does nothing with --sampler_engine client: the server loads and runs the model")
+        if self.sampler_engine != "client":  # (client: every engine flag is refused above)
+            if self.infer_backend not in ("transformers", self.sampler_engine):
+                raise SwiftError(f"--infer_backend {self.infer_backend}: swift sample's engine is --sampler_engine "
+                                 f"(this run: {self.sampler_engine}); give --sampler_engine {self.infer_backend}")
+            refuse_vllm_flags(self, self.sampler_engine)
         if self.sampler_engine in ("client", "no"):
             refuse_prompt_limit(self, f"with --sampler_engine {self.sampler_engine} nothing is encoded here to generate")
 

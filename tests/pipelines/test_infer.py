@@ -164,8 +164,8 @@ def test_sample_refuses_max_length_where_it_encodes_no_prompt():
     (["--num_labels", "1"], "^--num_labels: swift infer generates with a causal LM"),
     (["--adapters", "a/lora", "b/lora"], "^--adapters: swift infer applies one adapter to every request, got 2; "
                                          ".*`swift merge-lora --adapters A B`.*`swift deploy --adapters a=A b=B`$"),
-    (["--vllm_max_model_len", "256"], "^--vllm_max_model_len is read by --infer_backend vllm only"),
-    (["--vllm_enforce_eager", "true"], "^--vllm_enforce_eager is read by --infer_backend vllm only"),
+    (["--vllm_max_model_len", "256"], "^--vllm_max_model_len is read by the vllm engine only"),
+    (["--vllm_enforce_eager", "true"], "^--vllm_enforce_eager is read by the vllm engine only"),
     (["--max_new_tokens", "0"], "^--max_new_tokens must be at least 1, got 0"),
     (["--val_dataset", "v.jsonl", "--stream", "false"], "^--stream false applies to the interactive chat"),
     (["--val_dataset", "v.jsonl", "--top_logprobs", "2"], "^--top_logprobs needs --logprobs true"),
