@@ -142,7 +142,7 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
         out["rejected_response"] = _as_text(rejected, jk)
     if "label" in row and row["label"] is not None:
         used.add("label")
-        out["label"] = _as_bool(row["label"])
+        out["label"] = as_bool(row["label"])
     _check_messages(messages)
     if "rejected_response" in out and messages[-1]["role"] == "assistant" \
             and out["rejected_response"] == messages[-1]["content"]:
@@ -193,8 +193,9 @@ def _tool_roles(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _as_bool(value: Any) -> bool:
-    """true/false, 1/0 or yes/no; anything else (-1 for a thumbs-down, 2) is a row error, not a guess."""
+def as_bool(value: Any, what: str = "label") -> bool:
+    """true/false, 1/0 or yes/no (any case; 1.0/0.0 from pandas or parquet too); anything else (-1 for
+    a thumbs-down, 2, None) is a row error, not a guess. KTO labels and PRM step labels both read this."""
     if isinstance(value, str):
         if value.lower() in ("true", "1", "yes"):
             return True
@@ -202,7 +203,7 @@ def _as_bool(value: Any) -> bool:
             return False
     elif isinstance(value, bool) or (isinstance(value, (int, float)) and value in (0, 1)):
         return bool(value)
-    raise RowError(f"label {value!r} is not a boolean (true/false, 1/0)")
+    raise RowError(f"{what} {value!r} is not a boolean (true/false, 1/0, yes/no)")
 
 
 def _check_messages(messages: Any) -> None:

@@ -14,6 +14,7 @@ import torch
 from swift.arguments.rlhf import RLHFArguments
 from swift.dataset.encode import encode_rows
 from swift.dataset.loader import RowSet
+from swift.dataset.preprocess import as_bool
 from swift.arguments.deepspeed import zero3
 from swift.model import load_model
 from swift.pipelines.base import resolve_args
@@ -120,18 +121,6 @@ def add_mismatched(samples: list[dict], block: int, max_length: int | None = Non
     return samples
 
 
-def _step_label(label: Any) -> int:
-    """A PRM step label as 0/1: a bool, the ints 0/1 or the strings true/false (any case); anything
-    else is the row's error (bool("false") would be 1, bool(None) 0)."""
-    if isinstance(label, bool):
-        return int(label)
-    if isinstance(label, (int, float)) and label in (0, 1):  # 1.0 / 0.0 from pandas or parquet too
-        return int(label)
-    if isinstance(label, str) and label.lower() in ("true", "false"):
-        return int(label.lower() == "true")
-    raise RowError(f"step label {label!r} is not a boolean (true/false, or 1/0)")
-
-
 def encode_steps(template: Template, row: dict, a) -> dict:
     """Process supervision: `completions` (a list of steps) and `labels` (one bool per step). Each
     step is followed by `--step_separator`, whose last token carries the step's label."""
@@ -140,7 +129,7 @@ def encode_steps(template: Template, row: dict, a) -> dict:
         raise RowError("process-reward rows need 'completions' (a list of steps) and 'labels' (one bool per step)")
     if len(steps) != len(labels):
         raise RowError(f"{len(steps)} steps but {len(labels)} labels")
-    labels = [_step_label(x) for x in labels]  # every label, also those of steps cut below
+    labels = [int(as_bool(x, "step label")) for x in labels]  # every label, also those of steps cut below
     ids = template.encode_prompt(row["messages"])
     targets = [IGNORE_INDEX] * len(ids)
     for step, label in zip(steps, labels):

@@ -189,8 +189,10 @@ def test_prm_labels_sit_on_step_separators(tokenizer):
 
 
 def test_prm_step_labels_must_be_booleans(tokenizer):
-    """bool, 0/1 or the strings true/false (any case); any other value drops the row, counted with its
-    value. (Before 2026-11-29 a label was bool(value): "false" trained as correct, None as wrong.)"""
+    """bool, 0/1 or the strings true/false, 1/0, yes/no (any case; the same reader as KTO's labels);
+    any other value drops the row, counted with its value. (Before 2026-11-29 a label was
+    bool(value): "false" trained as correct, None as wrong; before 2026-11-30 "yes" was refused here
+    and read by KTO.)"""
     from functools import partial
 
     from swift.dataset.encode import encode_rows
@@ -203,12 +205,12 @@ def test_prm_step_labels_must_be_booleans(tokenizer):
     rowset = RowSet(rows=rows, origins=[f"row {i}" for i in range(len(rows))])
     samples = encode_rows(rowset, partial(encode_steps, template, a=SimpleNamespace(step_separator="\n",
                                                                                    max_length=None)), strict=False)
-    assert [[t for t in s["sequences"][0][1] if t != IGNORE_INDEX] for s in samples] == [[0, 1], [0, 1], [0, 1]]
+    assert [[t for t in s["sequences"][0][1] if t != IGNORE_INDEX] for s in samples] == [[0, 1], [0, 1], [1, 1],
+                                                                                         [0, 1]]
     assert {reason: rowset.first_bad[reason] for reason in rowset.dropped} == {
-        "step label None is not a boolean (true/false, or 1/0)": "row 2",
-        "step label 'yes' is not a boolean (true/false, or 1/0)": "row 3",
-        "step label 2 is not a boolean (true/false, or 1/0)": "row 4",
-        "step label 0.5 is not a boolean (true/false, or 1/0)": "row 6"}
+        "step label None is not a boolean (true/false, 1/0, yes/no)": "row 2",
+        "step label 2 is not a boolean (true/false, 1/0, yes/no)": "row 4",
+        "step label 0.5 is not a boolean (true/false, 1/0, yes/no)": "row 6"}
 
 
 def test_prm_trains_and_loads_as_token_classifier(tmp_path):
