@@ -41,6 +41,7 @@ def answer_end_ids(model, tokenizer, template: Template | None) -> set[int]:
     ids = {tokenizer.eos_token_id, *(configured if isinstance(configured, list) else [configured])}
     return {i for i in ids if i is not None} | (template.end_of_turn_ids() if template else set())
 
+
 class TransformersEngine(Decoding, InferEngine):
     def __init__(self, model, tokenizer, template: Template, *, max_batch_size: int = 32,
                  max_model_len: int | None = None, default_adapter: str | None = None,

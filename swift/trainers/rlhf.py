@@ -247,7 +247,8 @@ class DistillTrainer(RLHFTrainer):
         if by not in self._engines:
             # the student samples with its adapters on (LoRA), as it is being trained
             adapter = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
-            self._engines[by] = TransformersEngine(model, self.processing_class, template=None,
+            # the run's template (set by the pipeline): its end-of-turn token ends an answer as EOS does
+            self._engines[by] = TransformersEngine(model, self.processing_class, template=self.template,
                                                    default_adapter=adapter, inline=True)
         model.eval()
         config = RequestConfig(max_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p,

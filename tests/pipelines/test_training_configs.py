@@ -131,6 +131,26 @@ def test_gkd_seq_kd_trains_on_the_teachers_greedy_answers(tmp_path):
     assert not any(tuple(lab.tolist()) in dataset_answers for lab in batch["labels"])
 
 
+def test_gkd_on_policy_answers_end_at_the_templates_end_of_turn_token(tmp_path):
+    """A base model (EOS <|endoftext|>) distilled on chatml: the student's sampled answers end at
+    <|im_end|>, where the dataset's answers end (before 2026-11-30 GKD's engine had no template and
+    stopped at EOS only, so on-policy answers ran to --max_completion_length past the turn's end)."""
+    model, tokenizer, _ = load_model("builtin:tiny-chat")
+    tokenizer.eos_token = "<|endoftext|>"
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end != tokenizer.eos_token_id
+    pipeline = RLHFPipeline(resolve_args(RLHFArguments, train_argv(
+        tmp_path / "out", "--model", str(tmp_path / "base"), "--template", "chatml", "--rlhf_type", "gkd",
+        "--teacher_model", str(tmp_path / "base"), "--lmbda", "1", "--max_completion_length", "8",
+        "--max_steps", "1"), "swift rlhf"))
+    trainer = pipeline.build_trainer()
+    trainer.train()
+    assert im_end in trainer._engines["student"].eos_ids
+
+
 def test_qlora_trains_adapters_on_a_4bit_model(tmp_path):
     """`--quant_bits 4` (bitsandbytes, which runs on CPU too): the linear layers load as 4-bit NF4
     layers, LoRA trains on them and the loss falls; the base stays quantized and frozen; DPO on the
