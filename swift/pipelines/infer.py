@@ -89,6 +89,13 @@ def _adapter(adapters: dict[str, str]) -> str | None:
     return next(iter(adapters), None)
 
 
+# what answers depend on beyond the model and generation settings; in the resume record when set
+# away from its default (before 2026-11-30 only the first three were)
+ENGINE_RECORD = ("infer_backend", "torch_dtype", "quant_bits", "model_type", "model_revision", "use_hf", "attn_impl",
+                 "quant_method", "bnb_4bit_compute_dtype", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+                 "bnb_4bit_quant_storage", "vllm_max_model_len")
+
+
 def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any]:
     """Every row of --val_dataset through the engine. Each result is appended to --result_path as
     it finishes (so an interrupted run keeps what it did, and the same command again continues where
@@ -107,10 +114,10 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     # recorded only when given: files of earlier runs still resume
     if a.max_length is not None:
         run["prompt_max_length"] = [a.max_length, a.truncation_strategy]
-    backend = {k: v for k, v, default in (("infer_backend", a.infer_backend, "transformers"),
-                                          ("torch_dtype", a.torch_dtype, "auto"), ("quant_bits", a.quant_bits, None))
-               if v != default}
-    if backend:  # another engine, dtype or quantization answers otherwise
+    defaults = {f.name: f.default for part in InferArguments.parts.values() for f in dataclasses.fields(part)
+                if f.name in ENGINE_RECORD}
+    backend = {k: getattr(a, k) for k in ENGINE_RECORD if getattr(a, k) != defaults[k]}
+    if backend:  # another engine, model revision, dtype or quantization answers otherwise
         run["engine"] = backend
     done = _resume(path, run, rows.origins)
     if done:
@@ -218,7 +225,7 @@ def _resume(path: str, run: dict, origins: list[str]) -> dict[int, dict]:
     previous = json.load(open(meta, encoding="utf-8")) if os.path.exists(meta) else None
     if previous != run:
         what = "no record of the run that wrote it" if previous is None else "results of another run (" + ", ".join(
-            k for k in run if previous.get(k) != run[k]) + " differ)"
+            k for k in {**previous, **run} if previous.get(k) != run.get(k)) + " differ)"
         raise SwiftError(f"--result_path {path} already exists with {what}; pass another --result_path, or delete "
                          "the file to start again")
     done, keep = {}, 0

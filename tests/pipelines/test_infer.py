@@ -71,6 +71,8 @@ def test_an_interrupted_run_continues_with_the_same_command(tmp_path, monkeypatc
         infer_main([*argv[:-2], "--seed", "6"])
     with pytest.raises(SwiftError, match="results of another run \\(engine differ"):  # nor another dtype's
         infer_main([*argv, "--torch_dtype", "bfloat16"])
+    with pytest.raises(SwiftError, match="results of another run \\(engine differ"):  # nor another attention's
+        infer_main([*argv, "--attn_impl", "eager"])
     assert open(out).read().splitlines() == again
 
 
