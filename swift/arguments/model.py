@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -13,10 +14,18 @@ def check_bnb_values(args) -> None:
     """The values of the `--bnb_4bit_*` flags (loading here, `swift export --quant_method bnb` too)."""
     if args.bnb_4bit_quant_type not in ("nf4", "fp4"):
         raise SwiftError(f"--bnb_4bit_quant_type {args.bnb_4bit_quant_type!r} is not one of nf4, fp4")
-    for flag in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+    for flag, valid in (("bnb_4bit_compute_dtype", ("float32", "bfloat16", "float16")),
+                        ("bnb_4bit_quant_storage", ("float32", "bfloat16", "float16", "uint8"))):
         value = getattr(args, flag)
-        if value is not None and value not in ("float32", "bfloat16", "float16", "uint8"):
-            raise SwiftError(f"--{flag} {value!r} is not one of float32, bfloat16, float16, uint8")
+        if value is not None and value not in valid:
+            raise SwiftError(f"--{flag} {value!r} is not one of {', '.join(valid)}")
+
+
+def set_bnb_flags(args) -> list[str]:
+    """The `--bnb_4bit_*` flags set away from their defaults (read only with 4-bit bitsandbytes)."""
+    flags = [f for f in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage") if getattr(args, f) is not None]
+    return flags + [f for f, default in (("bnb_4bit_quant_type", "nf4"), ("bnb_4bit_use_double_quant", True))
+                    if getattr(args, f) != default]
 
 
 @dataclass
@@ -69,3 +78,9 @@ class ModelArguments:
         if self.quant_bits not in (None, 4, 8):
             raise SwiftError(f"--quant_bits must be 4 or 8 (bitsandbytes), got {self.quant_bits}")
         check_bnb_values(self)
+        unread = set_bnb_flags(self)
+        if unread and self.quant_bits != 4:
+            raise SwiftError(f"--{unread[0]} is read only with --quant_bits 4 (bitsandbytes 4-bit loading)")
+        if self.model_revision is not None and self.model and (self.model.startswith("builtin:")
+                                                               or os.path.isdir(self.model)):
+            raise SwiftError(f"--model_revision picks a revision of a hub id; --model {self.model} is local")

@@ -81,3 +81,23 @@ class TunerArguments:
                                           or self.trainable_parameters):
             raise SwiftError("--freeze_parameters / --freeze_parameters_ratio / --trainable_parameters apply to "
                              "--tuner_type full")
+        self._check_adapters()
+
+    def _check_adapters(self) -> None:
+        """Training goes on from one LoRA adapter (a second would load untrained, and its save would
+        write into its own input folder); with it, only the adapter trains."""
+        import os
+
+        if isinstance(self.adapters, str):
+            self.adapters = [self.adapters]
+        if len(self.adapters) > 1:
+            raise SwiftError(f"--adapters: training continues one adapter, got {len(self.adapters)}; fold them into "
+                             "one model first with `swift merge-lora --adapters A B` and train on it")
+        for path in self.adapters:
+            if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+                raise SwiftError(f"--adapters {path}: no adapter_config.json there (not a LoRA adapter directory)")
+        freezing = [flag for flag in ("freeze_parameters", "freeze_parameters_ratio", "trainable_parameters")
+                    if getattr(self, flag)]
+        if self.adapters and freezing:
+            raise SwiftError(f"--{freezing[0]} shapes full tuning; with --adapters only the loaded LoRA adapter "
+                             "trains")

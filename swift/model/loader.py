@@ -57,7 +57,24 @@ def resolve_dtype(torch_dtype: str) -> torch.dtype:
     return getattr(torch, torch_dtype)
 
 
+# the files a tokenizer's vocabulary is read from (fast, sentencepiece, BPE, WordPiece, tiktoken)
+VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+               "sentencepiece.bpe.model")
+
+
 def load_tokenizer(model_dir: str) -> PreTrainedTokenizerBase:
+    """The directory's tokenizer; one without vocabulary files is refused (transformers would build an
+    empty tokenizer from the config alone)."""
+    import json
+
+    names = os.listdir(model_dir)
+    remote = False  # a tokenizer of the model's own code reads files of its own
+    if "tokenizer_config.json" in names:
+        with open(os.path.join(model_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+            remote = "auto_map" in json.load(f)
+    if not (remote or any(n in VOCAB_FILES or n.endswith(".tiktoken") for n in names)):
+        raise SwiftError(f"--model {model_dir}: no tokenizer files there (one of {', '.join(VOCAB_FILES)}); copy "
+                         "them from the model the weights came from")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -75,11 +92,13 @@ def attention(name: str) -> str:
     if name not in ATTN_NAMES:
         raise SwiftError(f"--attn_impl {name!r} is not one of {', '.join(ATTN_NAMES)}")
     impl = ATTN_NAMES[name]
-    if impl == "flash_attention_2":
+    package = {"flash_attention_2": ("flash_attn", "flash-attn"),
+               "flash_attention_3": ("flash_attn_interface", "flash-attn-3")}.get(impl)
+    if package:
         import importlib.util
 
-        if not torch.cuda.is_available() or importlib.util.find_spec("flash_attn") is None:
-            raise SwiftError(f"--attn_impl {name} needs a CUDA GPU and the flash-attn package; use --attn_impl sdpa "
+        if not torch.cuda.is_available() or importlib.util.find_spec(package[0]) is None:
+            raise SwiftError(f"--attn_impl {name} needs a CUDA GPU and the {package[1]} package; use --attn_impl sdpa "
                              "(the default) here")
     return impl
 
@@ -193,6 +212,10 @@ def load_model(
         hf_model.name_or_path = model
     else:
         hf_model = auto_cls.from_pretrained(model_dir, config=config, dtype=dtype, **kwargs)
+    rows = getattr(hf_model.get_input_embeddings(), "num_embeddings", None)  # whole even under ZeRO-3
+    if rows is not None and len(tokenizer) > rows:
+        raise SwiftError(f"--model {model}: its tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+                         f"{rows} rows (a tokenizer from another model?)")
     if device is not None:
         hf_model.to(device)
     info = ModelInfo(model_id=model, model_dir=model_dir, model_type=config.model_type,

@@ -34,7 +34,10 @@ BASE = {"model": "builtin:tiny-chat", "dataset": ["builtin:arith-sft#8"]}
     ({"warmup_ratio": 0.1, "warmup_steps": 50}, "--warmup_ratio and --warmup_steps both set the warmup"),
     ({"eval_strategy": "steps", "load_best_model_at_end": True}, "--load_best_model_at_end picks a checkpoint"),
 ])
-def test_flags_nothing_reads_are_refused(kwargs, message):
+def test_flags_nothing_reads_are_refused(kwargs, message, tmp_path):
+    if kwargs.get("adapters"):  # an adapter directory: parsing reads its adapter_config.json
+        (tmp_path / "adapter_config.json").write_text("{}")
+        kwargs = {**kwargs, "adapters": [str(tmp_path)]}
     with pytest.raises(SwiftError, match=message):
         SftArguments(**BASE, **kwargs)
 
@@ -69,11 +72,12 @@ def test_a_list_flag_given_one_value_in_a_config_file_is_a_list_of_it(tmp_path):
     assert parse_args(SftArguments, ["--config", str(config), "--tuner_type", "full"]).tuner_type == "full"
 
 
-def test_ppo_with_adapters_takes_the_lora_flags_its_separate_critic_reads():
+def test_ppo_with_adapters_takes_the_lora_flags_its_separate_critic_reads(tmp_path):
     from swift.arguments.rlhf import RLHFArguments
 
+    (tmp_path / "adapter_config.json").write_text("{}")
     ppo = dict(model="builtin:tiny-chat", dataset=["builtin:arith-grpo#8"], rlhf_type="ppo", reward_funcs=["accuracy"],
-               adapters=["a"])
+               adapters=[str(tmp_path)])
     assert RLHFArguments(**ppo, lora_rank=16, use_dora=True).lora_rank == 16
     with pytest.raises(SwiftError, match="--lora_rank shapes a new LoRA adapter; it does not apply to --adapters"):
         RLHFArguments(**{**ppo, "rlhf_type": "grpo"}, lora_rank=16)

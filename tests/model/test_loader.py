@@ -1,3 +1,4 @@
+import os
 import socket
 
 import pytest
@@ -66,3 +67,38 @@ def test_check_model_stops_on_a_cut_weight_file_in_one_line(tiny_dir, tmp_path):
     from swift.model.loader import check_model_files
 
     check_model_files(str(tiny_dir))  # an intact directory passes
+
+
+def test_a_folder_without_tokenizer_files_is_refused_in_one_line(tiny_dir, tmp_path):
+    """(before 2026-11-30 transformers built an empty tokenizer from the config alone, and training
+    stopped later at 'dropped 9424 of 9424 rows ... no tokens left')"""
+    import shutil
+
+    weights_only = tmp_path / "weights-only"
+    weights_only.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(tiny_dir, name), weights_only / name)
+    with pytest.raises(SwiftError, match=f"^--model {weights_only}: no tokenizer files there \\(one of tokenizer.json"):
+        load_model(str(weights_only))
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(tiny_dir, tmp_path):
+    """(before 2026-11-30 an IndexError traceback in the middle of training); a tokenizer smaller than
+    the embedding, as many real models have, loads."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    big = tmp_path / "big"
+    shutil.copytree(tiny_dir, big)
+    tokenizer = AutoTokenizer.from_pretrained(big)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(100)])
+    tokenizer.save_pretrained(big)
+    with pytest.raises(SwiftError, match=f"^--model {big}: its tokenizer has 2148 tokens but the model's embedding "
+                                         "only 2048 rows"):
+        load_model(str(big))
+    model, tokenizer, _ = load_model(tiny_dir)
+    model.resize_token_embeddings(2112)
+    model.save_pretrained(tmp_path / "padded")
+    tokenizer.save_pretrained(tmp_path / "padded")
+    assert load_model(str(tmp_path / "padded"))[0].get_input_embeddings().num_embeddings == 2112
