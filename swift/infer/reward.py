@@ -27,7 +27,7 @@ class RewardScorer:
         self._lock = threading.Lock()  # one forward at a time; requests come from a thread pool
 
     def render(self, messages: list[dict]) -> str:
-        return self.template.render(self.template.with_system(messages))[0]
+        return self.template.render_text(self.template.with_system(messages))
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text within --max_length; a SwiftError naming the first text refused."""

@@ -56,7 +56,12 @@ class Template(abc.ABC):
     @abc.abstractmethod
     def render(self, messages: list[dict], add_generation_prompt: bool = False,
                tools: list | None = None) -> tuple[str, list[Span]]:
-        """Return the full text and the spans of every assistant turn (content + end token)."""
+        """Return the full text and the spans of every assistant turn (content + end token); a
+        prompt (`add_generation_prompt`) needs no spans, and `jinja` computes none for it."""
+
+    def render_text(self, messages: list[dict]) -> str:
+        """The conversation's text alone, as a reward model scores it (no loss spans)."""
+        return self.render(messages)[0]
 
     def with_system(self, messages: list[dict]) -> list[dict]:
         if self.system is not None and (not messages or messages[0]["role"] != "system"):

@@ -9,6 +9,7 @@ import json
 
 from swift.template.base import RowError, Span, Template
 from swift.plugin import register
+from swift.utils.registry import SwiftError
 
 HERMES_TOOLS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -27,6 +28,15 @@ class FormatTemplate(Template):
     assistant_sep = ""  # after the end token; no loss
     generation_prompt = ""
     renders_tools = False
+    control_tokens: tuple[str, ...] = ()  # each must be one special token of the tokenizer
+
+    def __init__(self, tokenizer, **kwargs):
+        super().__init__(tokenizer, **kwargs)
+        for token in self.control_tokens:  # else it is text pieces, and generation never stops at the turn's end
+            if self._special_id(token) is None:
+                raise SwiftError(f"--template {self.name}: {token} is not a special token of this tokenizer, so the "
+                                 "model was not trained on this template; pass --template jinja (the model's own) "
+                                 "or its family's template")
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False,
                tools: list | None = None) -> tuple[str, list[Span]]:
@@ -54,11 +64,15 @@ class FormatTemplate(Template):
         """`assistant_end` when it is one control token (`<|im_end|>`, `<|eot_id|>`): a base model
         trained on this template ends its answers with it while its EOS is another token
         (`<|endoftext|>`), and a stop string cannot name a control token (decoded text leaves it out)."""
-        ids = self.tokenizer(self.assistant_end.strip(), add_special_tokens=False)["input_ids"] \
-            if self.assistant_end.strip() else []
+        token = self._special_id(self.assistant_end.strip()) if self.assistant_end.strip() else None
+        return set() if token is None else {token}
+
+    def _special_id(self, text: str) -> int | None:
+        """The id of `text` when it is one special token of the tokenizer."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         special = set(self.tokenizer.all_special_ids) | {
             i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
-        return set(ids) if len(ids) == 1 and ids[0] in special else set()
+        return ids[0] if len(ids) == 1 and ids[0] in special else None
 
     def turn(self, messages: list[dict], i: int) -> tuple[str, str, str]:
         """(text before, text with loss, text after) of message i; only an assistant's middle part has loss."""
@@ -83,6 +97,7 @@ class ChatMLTemplate(FormatTemplate):
     assistant_sep = "\n"
     generation_prompt = "<|im_start|>assistant\n"
     renders_tools = True
+    control_tokens = ("<|im_start|>", "<|im_end|>")
 
     def tools_turn(self, messages: list[dict], tools: list) -> tuple[str, list[dict]]:
         """The system turn with the tool signatures (after the system prompt, when there is one)."""
@@ -145,10 +160,33 @@ class Qwen25MathTemplate(ChatMLTemplate):
 
 @register("template", "qwen3")
 class Qwen3Template(ChatMLTemplate):
-    """Qwen3 without a default system prompt; the model's thinking switches are not implemented
-    (answers are trained and prompted as they are written)."""
+    """Qwen3 without a default system prompt; the model's thinking switches are not implemented.
+    As Qwen3's own template does, a prompt leaves out the reasoning (up to `</think>`) of assistant
+    turns before the last user query; so does training with --loss_scale last_round (as ms-swift's
+    thinking templates do), while default and all train every turn as written."""
 
     name = "qwen3"
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False,
+               tools: list | None = None) -> tuple[str, list[Span]]:
+        if add_generation_prompt or self.loss_scale == "last_round":
+            messages = _without_past_reasoning(messages)
+        return super().render(messages, add_generation_prompt, tools)
+
+
+def _without_past_reasoning(messages: list[dict]) -> list[dict]:
+    """Assistant messages before the last user query (a user message that is no tool result)
+    without their `<think>...</think>`, as Qwen3's chat template renders them."""
+    queries = [i for i, m in enumerate(messages) if m["role"] == "user" and isinstance(m.get("content"), str)
+               and not (m["content"].startswith("<tool_response>") and m["content"].endswith("</tool_response>"))]
+    last = queries[-1] if queries else -1
+    out = []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if i < last and m["role"] == "assistant" and isinstance(content, str) and "</think>" in content:
+            m = {**m, "content": content.split("</think>")[-1].lstrip("\n")}
+        out.append(m)
+    return out
 
 
 @register("template", "llama3")
@@ -159,6 +197,7 @@ class Llama3Template(FormatTemplate):
     assistant_prefix = "<|start_header_id|>assistant<|end_header_id|>\n\n"
     assistant_end = "<|eot_id|>"
     generation_prompt = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    control_tokens = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
     def content(self, message: dict) -> str:
         return message["content"].strip()  # Meta's template trims every message

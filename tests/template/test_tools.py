@@ -57,18 +57,45 @@ def test_qwen2_5_renders_like_its_chat_template(tokenizer, system, tools):
     assert all("<tool_response>" not in text[s:e] for s, e in spans)
 
 
+# reasoning in the history: before the last user query (left out of a prompt, as Qwen3's template
+# does) and after it, in a tool-calling turn of the current query (kept)
+THINKING = [
+    {"role": "user", "content": "What is 2+3?"},
+    {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n5"},
+    *CONVERSATION[:5],
+    {"role": "user", "content": "And in Oslo?"},
+    {"role": "assistant", "content": "<think>\nask the tool\n</think>\n\nLet me check.", "tool_calls": CALLS[:1]},
+    {"role": "tool", "content": "-3"},
+]
+
+
 @pytest.mark.parametrize("system", [[], SYSTEM])
 def test_qwen3_prompts_render_like_its_chat_template(tokenizer, system):
     """Prompts (the Qwen3 template gives the final assistant turn an empty <think> block, which
-    swift, without thinking switches, does not write)."""
+    swift, without thinking switches, does not write). Before 2026-11-30 the reasoning of turns
+    before the last user query stayed in the prompt."""
     template = get_template("qwen3", tokenizer)
-    messages = system + CONVERSATION
-    for tools in (TOOLS, None):
-        assert template.encode_prompt(messages, tools) == tokenizer(
-            jinja("qwen3", tokenizer, messages, tools, True), add_special_tokens=False).input_ids
+    for conversation in (CONVERSATION, THINKING):
+        messages = system + conversation
+        for tools in (TOOLS, None):
+            assert template.encode_prompt(messages, tools) == tokenizer(
+                jinja("qwen3", tokenizer, messages, tools, True), add_special_tokens=False).input_ids
 
 
-def test_llama3_2_renders_like_its_chat_template_and_refuses_tools(tokenizer):
+def test_qwen3_trains_past_reasoning_as_written_except_with_last_round(tokenizer):
+    """ms-swift's rule for thinking templates: training keeps every turn's reasoning, except with
+    --loss_scale last_round, whose context is the prompt's (past reasoning left out)."""
+    row = {"messages": THINKING + [{"role": "assistant", "content": "<think>\nread it\n</think>\n\nIt is -3 °C."}]}
+    default = tokenizer.decode(get_template("qwen3", tokenizer).encode(row).input_ids)
+    last = get_template("qwen3", tokenizer, loss_scale="last_round").encode(row)
+    assert "add them" in default and "add them" not in tokenizer.decode(last.input_ids)
+    trained = tokenizer.decode([t for t in last.labels if t != -100])
+    assert trained == "<think>\nread it\n</think>\n\nIt is -3 °C.<|im_end|>"
+    assert "ask the tool" in tokenizer.decode(last.input_ids)  # after the last user query: kept
+
+
+def test_llama3_2_renders_like_its_chat_template_and_refuses_tools(llama_tokenizer):
+    tokenizer = llama_tokenizer
     template = get_template("llama3_2", tokenizer)
     template.date = "26 Jul 2024"
     messages = [{"role": "user", "content": " What is 2+3? "}, {"role": "assistant", "content": "5"},
@@ -109,3 +136,7 @@ def test_model_type_picks_and_checks_the_family():
         choose_template(None, "llama3_2", "qwen2", None)
     with pytest.raises(SwiftError, match="is not one of"):
         choose_template(None, "gpt_oss", "qwen2", None)
+    # ms-swift's `llama` is the Llama 2 family ([INST]); before 2026-11-30 it picked the Llama 3 template
+    with pytest.raises(SwiftError, match="^--model_type llama is ms-swift's Llama 2 family: Llama 2's \\[INST\\]"):
+        choose_template(None, "llama", "llama", None)
+    assert choose_template(None, "llama3", "llama", None) == "llama3"
