@@ -13,7 +13,21 @@ from swift.utils.registry import SwiftError
 
 # the order, #N sample and split of a cached dataset's rows by default: training's default --seed
 CACHE_SEED = 42
-SHARD_SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B|B)?$", re.IGNORECASE)
+# --max_shard_size: a number and a unit, read here once into bytes (what transformers and gptqmodel are given):
+# KB, MB, GB, TB are powers of 1000 (as transformers reads them), KiB, MiB, GiB, TiB powers of 1024
+SHARD_SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMGT]i?B|B)", re.IGNORECASE)
+SHARD_UNITS = {"b": 1, **{f"{p}b": 1000 ** (i + 1) for i, p in enumerate("kmgt")},
+               **{f"{p}ib": 1024 ** (i + 1) for i, p in enumerate("kmgt")}}
+
+
+def shard_bytes(size: str) -> int:
+    """--max_shard_size in bytes: `5GB`, `500MB`, `1.5GB`, `2GiB` (no space; a unit is required)."""
+    match = SHARD_SIZE.fullmatch(str(size).strip())
+    value = int(float(match[1]) * SHARD_UNITS[match[2].lower()]) if match else 0
+    if value < 1:
+        raise SwiftError(f"--max_shard_size {size!r} is not a size such as 5GB, 500MB, 1.5GB or 2GiB (a number and "
+                         "one of the units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    return value
 
 
 @dataclass
@@ -26,14 +40,19 @@ class ExportOptions:
     output_dir: str | None = field(default=None, metadata={
         "help": "Where the export goes (default: <adapter or model name>-<merged|gguf-TYPE|ollama>)."})
     exist_ok: bool = field(default=False, metadata={
-        "help": "Write into an --output_dir that already has files (they are replaced only by files of the same "
-                "name, once the export succeeded)."})
+        "help": "Write into an --output_dir that already has files, once the export succeeded: files of the same "
+                "names are replaced, the files an earlier `swift export` there listed in its export_args.json are "
+                "removed, and no other file is touched (an HF checkpoint is refused beside weight files no export "
+                "listed)."})
     merge_lora: bool = field(default=False, metadata={
         "help": "Write the model with --adapters merged into it, as a standalone HF checkpoint."})
     torch_dtype: str = field(default="auto", metadata={
         "help": "dtype of merged weights (auto: the base checkpoint's dtype)."})
-    safe_serialization: bool = field(default=True, metadata={"help": "Save HF weights as safetensors."})
-    max_shard_size: str = field(default="5GB", metadata={"help": "Largest HF weight file (e.g. 5GB, 500MB)."})
+    safe_serialization: bool = field(default=True, metadata={
+        "help": "HF weights are saved as safetensors (false is refused: transformers 5 writes safetensors only)."})
+    max_shard_size: str = field(default="5GB", metadata={
+        "help": "Largest HF weight file: a number and a unit, B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, "
+                "TiB (powers of 1024), e.g. 5GB, 500MB, 1.5GB, 2GiB."})
     use_hf: bool = field(default=False, metadata={"help": "Download a hub model from the HF hub instead of ModelScope."})
     to_gguf: bool = field(default=False, metadata={
         "help": "Write a GGUF file for llama.cpp / Ollama with llama.cpp's converter (the [gguf] extra)."})
@@ -129,6 +148,10 @@ class ExportOptions:
             self._check_paths()
 
     @property
+    def max_shard_bytes(self) -> int:
+        return shard_bytes(self.max_shard_size)
+
+    @property
     def uploads_as_is(self) -> bool:
         """--push_to_hub with nothing to write: a folder is uploaded as it is."""
         return self.push_to_hub and not (self.merge_lora or self.to_gguf or self.quant_method)
@@ -183,14 +206,19 @@ class ExportOptions:
             raise SwiftError(f"--gguf_type {self.gguf_type!r} is not one of {', '.join(GGUF_TYPES)}")
         if self.torch_dtype not in DTYPES:
             raise SwiftError(f"--torch_dtype {self.torch_dtype!r} is not one of {', '.join(DTYPES)}")
-        if not SHARD_SIZE.match(str(self.max_shard_size)):
-            raise SwiftError(f"--max_shard_size {self.max_shard_size!r} is not a size such as 5GB or 500MB")
+        shard_bytes(self.max_shard_size)
+        if not self.safe_serialization:
+            raise SwiftError("--safe_serialization false: transformers 5 writes HF weights as safetensors only")
         if not (self.merge_lora or self.quant_method):  # no HF checkpoint is written
             unread = [f for f, default in (("torch_dtype", "auto"), ("safe_serialization", True),
                                            ("max_shard_size", "5GB")) if getattr(self, f) != default]
             if unread:
                 raise SwiftError(f"--{unread[0]} shapes the HF checkpoint that --merge_lora or --quant_method writes; "
                                  "it is not read here")
+        if self.to_gguf and self.llama_cpp_dir:
+            from swift.export.gguf import check_llama_cpp_dir
+
+            check_llama_cpp_dir(self.llama_cpp_dir)
         if not self.to_gguf and (self.gguf_type != "f16" or self.llama_cpp_dir):
             raise SwiftError(f"--{'gguf_type' if self.gguf_type != 'f16' else 'llama_cpp_dir'} is read only with "
                              "--to_gguf true or --to_ollama true")
@@ -241,6 +269,14 @@ class ExportOptions:
             raise SwiftError(f"--output_dir {self.output_dir} already has files; pass --exist_ok true to write into it")
         if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
             raise SwiftError(f"--output_dir {self.output_dir} is a file")
+        if self.merge_lora or self.quant_method:
+            from swift.export.publish import unlisted_weights
+
+            stale = unlisted_weights(self.output_dir)
+            if stale:
+                raise SwiftError(f"--output_dir {self.output_dir} has weight files no earlier export there listed "
+                                 f"({', '.join(stale)}), which could load beside the new checkpoint; remove them or "
+                                 "pick another --output_dir")
         out = os.path.realpath(self.output_dir)
         for source in [*self.adapters, *([self.model] if self.model and os.path.isdir(self.model) else [])]:
             real = os.path.realpath(source)
@@ -300,8 +336,6 @@ class ExportOptions:
             if value is not None and value < 1:
                 raise SwiftError(f"--{flag} must be at least 1, got {value}")
             setattr(self, flag, default if value is None else value)
-        if not self.safe_serialization:
-            raise SwiftError("--safe_serialization false: gptqmodel writes GPTQ checkpoints as safetensors only")
         if self.torch_dtype != "auto":
             raise SwiftError("--torch_dtype is not read by --quant_method gptq: gptqmodel picks the dtype of the "
                              "layers it does not quantize")

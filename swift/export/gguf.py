@@ -31,6 +31,9 @@ EXTRA = 'pip install -e ".[gguf]"'
 CONVERTER = "convert_hf_to_gguf.py"
 # what the converter needs from llama.cpp's tree (besides itself)
 CONVERTER_PARTS = ("conversion/", "gguf-py/")
+# what swift.export.run_converter imports from the tree: llama.cpp's checkouts before the converter was split
+# into the `conversion` package have only convert_hf_to_gguf.py
+CONVERTER_FILES = (CONVERTER, "conversion/base.py", "gguf-py/gguf/__init__.py")
 
 
 def llama_cpp_version() -> str:
@@ -41,12 +44,21 @@ def llama_cpp_version() -> str:
     return llama_cpp.__version__
 
 
+def check_llama_cpp_dir(path: str) -> None:
+    """A llama.cpp checkout with the converter files this project runs."""
+    if not os.path.isfile(os.path.join(path, CONVERTER)):
+        raise SwiftError(f"--llama_cpp_dir {path}: no {CONVERTER} there (not a llama.cpp checkout)")
+    missing = [f for f in CONVERTER_FILES if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise SwiftError(f"--llama_cpp_dir {path}: no {missing[0]} there (a llama.cpp checkout older than its "
+                         "converter's conversion/ package, which this project runs; use a newer checkout)")
+
+
 def converter_dir(llama_cpp_dir: str | None) -> Path:
     """A directory holding llama.cpp's `convert_hf_to_gguf.py` (and what it imports)."""
     given = llama_cpp_dir or os.environ.get("LLAMA_CPP_DIR")
     if given:
-        if not os.path.isfile(os.path.join(given, CONVERTER)):
-            raise SwiftError(f"--llama_cpp_dir {given}: no {CONVERTER} there (not a llama.cpp checkout)")
+        check_llama_cpp_dir(given)
         return Path(given)
     version = llama_cpp_version()
     home = Path(cache_home()) / "llama.cpp" / version
@@ -132,15 +144,17 @@ def llama_pre_tokenizer(model_dir: str) -> str | None:
     return None
 
 
-def convert(model_dir: str, out_file: str, gguf_type: str, llama_cpp_dir: str | None, name: str) -> None:
+def convert(model_dir: str, out_file: str, gguf_type: str, llama_cpp_dir: str | None, name: str,
+            model_name: str) -> None:
     """Write `model_dir` (an HF checkpoint with its tokenizer; `name`: what the user called it) as GGUF of
-    `gguf_type` to `out_file`."""
+    `gguf_type` to `out_file`, named `model_name` in its metadata (`general.name`; the converter would
+    name it after `model_dir`, a scratch folder)."""
     llama_cpp_version()  # the extra is there before anything is fetched
     tree = converter_dir(llama_cpp_dir)
     outtype = gguf_type if gguf_type in CONVERTER_TYPES else "f16"
     target = out_file if gguf_type in CONVERTER_TYPES else out_file + ".f16.tmp"
     cmd = [sys.executable, "-m", "swift.export.run_converter", str(tree), llama_pre_tokenizer(model_dir) or "",
-           model_dir, "--outfile", target, "--outtype", outtype]
+           model_dir, "--outfile", target, "--outtype", outtype, "--model-name", model_name]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]

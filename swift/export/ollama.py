@@ -5,19 +5,36 @@ first when a conversation has no system message), and its end-of-turn strings as
 The TEMPLATE is read off the chat template by rendering conversations whose contents are markers:
 each role's text before and after its content. Templates that are not such per-message wrappers
 (ones that reorder messages or change a turn's text by its position) are refused, since a TEMPLATE
-read off them would render something else.
+read off them would render something else. Tool messages get a branch when the template wraps each in
+fixed text too (ChatML's); what the TEMPLATE cannot render as the chat template does (tool definitions,
+tool calls, tool messages merged into user turns, earlier turns rewritten, later system messages) is
+named in one warning at export (`differences`).
 """
 from __future__ import annotations
 
 import os
 
+from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
-MARK = {"system": "\x00SYS\x00", "user": "\x00USR\x00", "assistant": "\x00AST\x00"}
+logger = get_logger(__name__)
+# a tool result's marker is plain text: templates may write it as JSON (Llama 3.2's), which escapes control bytes
+MARK = {"system": "\x00SYS\x00", "user": "\x00USR\x00", "assistant": "\x00AST\x00", "tool": "swift_probe_result"}
+TOOL_NAME = "swift_probe_tool"
 
 
-def _render(tokenizer, messages, generation: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+def _render(tokenizer, messages, generation: bool, **kwargs) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kwargs)
+
+
+def _rendered(tokenizer, messages: list[dict], bos: str, **kwargs) -> str | None:
+    """The chat template's prompt for `messages` without the BOS the runtime adds; None when the template
+    refuses them."""
+    try:
+        text = _render(tokenizer, messages, True, **kwargs)
+    except Exception:  # a template's own raise_exception (jinja's TemplateError) or a missing field
+        return None
+    return text[len(bos):] if bos and text.startswith(bos) else text
 
 
 def _between(text: str, left: str, right: str) -> str:
@@ -62,6 +79,7 @@ def read_wrappers(tokenizer, keep_bos: bool = False) -> tuple[dict[str, tuple[st
     wrappers = {"system": (system_before, system_after), "user": (user_before, user_after),
                 "assistant": (assistant_before, assistant_after)}
     default = None
+    wrappers["tool"] = _tool_wrapper(tokenizer, full[1:3])
     alone = _render(tokenizer, [{"role": "user", "content": u}], True)
     alone = alone[len(bos):] if bos and alone.startswith(bos) else alone
     plain = user_before + u + user_after + gen
@@ -70,13 +88,69 @@ def read_wrappers(tokenizer, keep_bos: bool = False) -> tuple[dict[str, tuple[st
             raise SwiftError("--to_ollama: the chat template's text for a conversation without a system message is "
                              "not its wrappers' text; write the Modelfile's TEMPLATE by hand")
         default = alone[:len(alone) - len(plain)]
+    if wrappers["tool"] is None or not all(
+            compose(wrappers, gen, default, m) == _rendered(tokenizer, m, bos) for m in _tool_conversations()):
+        del wrappers["tool"]  # tool messages the template does not wrap each in fixed text
     return wrappers, gen, default
+
+
+def _tool_wrapper(tokenizer, exchange: list[dict]) -> tuple[str, str] | None:
+    """The text a tool message after `exchange` (a user and an assistant turn) adds around its content."""
+    t = MARK["tool"]
+    try:
+        before = _render(tokenizer, exchange, False)
+        text = _render(tokenizer, [*exchange, {"role": "tool", "content": t}], False)
+    except Exception:  # a template that refuses tool messages
+        return None
+    if not text.startswith(before) or text.count(t) != 1:
+        return None
+    head, tail = text[len(before):].split(t)
+    return head, tail
+
+
+def _tool_conversations() -> list[list[dict]]:
+    """Tool messages alone, two in a row, and followed by an answer and a new question: a tool branch read off
+    one message must render all of these as the chat template does."""
+    user, answer = {"role": "user", "content": "weather in Paris?"}, {"role": "assistant", "content": "sunny"}
+    call, tool = {"role": "assistant", "content": "let me look"}, {"role": "tool", "content": '22 C,\n"sun"'}
+    return [[user, call, tool], [{"role": "system", "content": "be brief"}, user, call, tool, tool, answer, user]]
+
+
+def differences(tokenizer, wrappers: dict[str, tuple[str, str]], gen: str, default: str | None,
+                keep_bos: bool = False) -> list[str]:
+    """What the chat template renders that the TEMPLATE read off it (`read_wrappers`) does not: probed by
+    rendering conversations with tool definitions, tool calls and tool messages (found by marker names),
+    an earlier assistant turn with `<think>` reasoning, and a second system message."""
+    bos = "" if keep_bos else (tokenizer.bos_token or "")
+    user = {"role": "user", "content": "weather in Paris?"}
+    function = {"name": TOOL_NAME, "description": "d", "parameters": {"type": "object", "properties": {}}}
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "c1",
+                                                                "function": {"name": TOOL_NAME, "arguments": {}}}]}
+    found = []
+    if TOOL_NAME in (_rendered(tokenizer, [user], bos, tools=[{"type": "function", "function": function}]) or ""):
+        found.append("tool definitions (Ollama's .Tools)")
+    if TOOL_NAME in (_rendered(tokenizer, [user, call], bos) or ""):
+        found.append("assistant tool calls")
+    tool = [user, {"role": "assistant", "content": "let me look"}, {"role": "tool", "content": MARK["tool"]}]
+    if "tool" not in wrappers and MARK["tool"] in (_rendered(tokenizer, tool, bos) or ""):
+        found.append("tool messages")
+    probes = {"earlier assistant turns (it rewrites them, e.g. drops their <think> reasoning)":
+              [user, {"role": "assistant", "content": "<think>\nlook it up\n</think>\n\nsunny"}, user],
+              "a system message after the first": [{"role": "system", "content": "be brief"}, user,
+                                                   {"role": "system", "content": "answer in French"}, user]}
+    for what, messages in probes.items():
+        expected = _rendered(tokenizer, messages, bos)
+        if expected is not None and compose(wrappers, gen, default, messages) != expected:
+            found.append(what)
+    return found
 
 
 def compose(wrappers: dict[str, tuple[str, str]], gen: str, default: str | None, messages: list[dict]) -> str:
     """What the Modelfile's TEMPLATE renders for `messages` (the same steps, in Python)."""
     head = default if default is not None and (not messages or messages[0]["role"] != "system") else ""
-    return head + "".join(wrappers[m["role"]][0] + m["content"] + wrappers[m["role"]][1] for m in messages) + gen
+    # as Ollama runs it: a message of a role with no branch renders nothing
+    return head + "".join(wrappers[m["role"]][0] + (m.get("content") or "") + wrappers[m["role"]][1]
+                          for m in messages if m["role"] in wrappers) + gen
 
 
 def _go_literal(text: str) -> str:
@@ -126,3 +200,7 @@ def write_modelfile(hf_dir: str, folder: str, gguf_name: str, metadata: dict[str
     adds_bos = metadata.get("tokenizer.ggml.add_bos_token", "false").lower() == "true"
     with open(os.path.join(folder, "Modelfile"), "w", encoding="utf-8") as f:
         f.write(modelfile(tokenizer, gguf_name, stop, keep_bos=not adds_bos))
+    found = differences(tokenizer, *read_wrappers(tokenizer, not adds_bos), keep_bos=not adds_bos)
+    if found:
+        logger.warning(f"--to_ollama: the Modelfile's TEMPLATE does not render {'; '.join(found)} as the chat "
+                       "template does (edit its TEMPLATE for conversations that have them)")

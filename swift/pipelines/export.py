@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from swift.arguments.export import ExportArguments
+from swift.export.publish import MANIFEST, publish
 from swift.pipelines.base import resolve_args
 from swift.utils.io import read_json, write_json
 from swift.utils.logging import get_logger
@@ -30,9 +31,8 @@ TEMPLATE_FILES = ("tokenizer_config.json", "chat_template.jinja")
 GENERATION_TAG = re.compile(r"{%(-?)\s*(end)?generation\s*(-?)%}")
 # what a tag becomes: a block that renders its body, with the tag's own whitespace control kept
 _GENERATION_BLOCK = {None: "if true", "end": "endif"}
-# a checkpoint's weight files: with --exist_ok, those of an earlier export are removed so that no
-# stale shard is loaded beside the new ones
-WEIGHT_FILE = re.compile(r".*\.(safetensors|bin|gguf)$|.*\.safetensors\.index\.json$|.*\.bin\.index\.json$")
+# a classification model's head, by its class name in config.json (as merge_lora.head_of names it)
+HEADS = {"ForSequenceClassification": "seq_cls", "ForTokenClassification": "token_cls"}
 
 
 def _generation_tags_as_blocks(template: str) -> str:
@@ -60,27 +60,47 @@ def _has_weights(folder: str) -> bool:
     return any(n.endswith((".safetensors", ".bin")) and not n.startswith("training_args") for n in os.listdir(folder))
 
 
+def config_head(model_dir: str) -> tuple[str, int | None]:
+    """(task_type, num_labels) of the checkpoint in `model_dir`, read from its config's architecture."""
+    path = os.path.join(model_dir, "config.json")
+    config = read_json(path) if os.path.isfile(path) else {}
+    for suffix, task_type in HEADS.items():
+        if any(str(arch).endswith(suffix) for arch in config.get("architectures") or []):
+            return task_type, len(config["id2label"]) if config.get("id2label") else config.get("num_labels")
+    return "causal_lm", None
+
+
+def _refuse_head(a, task_type: str, base: str) -> None:
+    """GPTQ (gptqmodel loads causal LMs) and GGUF (llama.cpp's converter writes LMs) would drop a reward
+    model's or a classifier's head and give a language model: refused before any work."""
+    if task_type == "causal_lm":
+        return
+    flag = "--to_gguf" if a.to_gguf else "--quant_method gptq" if a.quant_method == "gptq" else None
+    if flag:
+        raise SwiftError(f"{flag}: {' + '.join([base, *a.adapters])} is a {task_type} model (a classification "
+                         "head), which this format would drop; export it with --merge_lora or --quant_method bnb")
+
+
 def _hf_source(a, staging: str, scratch: str) -> str:
     """An HF checkpoint folder of the model to export, adapters merged: `<staging>` itself with
     --merge_lora (it is part of the export), a folder in `scratch` when it had to be written, else
     the model's own folder."""
     from swift.model.loader import resolve_model_dir
-    from swift.pipelines.merge_lora import base_model_of, merged_model
+    from swift.pipelines.merge_lora import base_model_of, head_of, merged_model
 
     base = a.model or base_model_of(a.adapters[0])
     model_dir, builtin = resolve_model_dir(base, use_hf=a.use_hf)
     config = os.path.join(model_dir, "config.json")
     if os.path.isfile(config) and read_json(config).get("quantization_config"):
         raise SwiftError(f"--model {base} is a quantized checkpoint already; export from the unquantized model")
+    _refuse_head(a, head_of(a.adapters[0])[0] if a.adapters else config_head(model_dir)[0], base)
     if not (a.adapters or builtin or not _has_weights(model_dir)):
         return model_dir
     target = staging if a.merge_lora else os.path.join(scratch, "hf")
     model, tokenizer = merged_model(base, a.adapters, torch_dtype=a.torch_dtype, use_hf=a.use_hf)
     model.config._name_or_path = a.output_dir
-    model.save_pretrained(target, safe_serialization=a.safe_serialization, max_shard_size=a.max_shard_size)
+    model.save_pretrained(target, max_shard_size=a.options.max_shard_bytes)
     tokenizer.save_pretrained(target)
-    if a.merge_lora:
-        write_json(os.path.join(target, "export_args.json"), {**a.to_dict(), "model": base})
     return target
 
 
@@ -134,10 +154,11 @@ def _quantize_bnb(a, hf_dir: str, staging: str) -> None:
     dtype = checkpoint_dtype(hf_dir) if a.torch_dtype == "auto" else a.torch_dtype
     flags = {f: getattr(a, f) for f in ("quant_bits", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
                                          "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage")}
-    model, tokenizer, _ = load_model(hf_dir, torch_dtype=dtype,
+    task_type, num_labels = config_head(hf_dir)  # a reward model keeps its head
+    model, tokenizer, _ = load_model(hf_dir, torch_dtype=dtype, task_type=task_type, num_labels=num_labels,
                                      quantization=bnb_config(SimpleNamespace(**flags, torch_dtype=dtype)))
     model.config._name_or_path = a.output_dir
-    model.save_pretrained(staging, safe_serialization=a.safe_serialization, max_shard_size=a.max_shard_size)
+    model.save_pretrained(staging, max_shard_size=a.options.max_shard_bytes)
     tokenizer.save_pretrained(staging)
 
 
@@ -149,7 +170,7 @@ def _quantize(a, hf_dir: str, staging: str, scratch: str) -> None:
 
         rows = gptq.calibration_rows(a.dataset, hf_dir, a.quant_n_samples, a.max_length, a.use_hf)
         gptq.quantize(hf_dir, staging, scratch, rows, a.quant_bits, a.group_size, a.quant_batch_size,
-                      a.max_shard_size)
+                      a.options.max_shard_bytes)
 
 
 def _write_gguf(a, hf_dir: str, staging: str, scratch: str) -> dict[str, str]:
@@ -159,7 +180,7 @@ def _write_gguf(a, hf_dir: str, staging: str, scratch: str) -> dict[str, str]:
     name = f"model-{a.gguf_type}.gguf"
     hf_dir = _runtime_view(hf_dir, scratch)
     convert(hf_dir, os.path.join(staging, name), a.gguf_type, a.llama_cpp_dir,
-            " + ".join([a.model or '', *a.adapters]).strip(" +"))
+            " + ".join([a.model or '', *a.adapters]).strip(" +"), _model_name(a))
     metadata = _check_gguf_tokenizer(os.path.join(staging, name), hf_dir)
     written = {"gguf": os.path.join(a.output_dir, name)}
     if a.to_ollama:
@@ -170,28 +191,23 @@ def _write_gguf(a, hf_dir: str, staging: str, scratch: str) -> dict[str, str]:
     return written
 
 
-def _publish(staging: str, output_dir: str, replaces: tuple[str, ...] = ()) -> list[str]:
-    """Move the staged export into `output_dir`; returns the names written. Into an existing folder
-    (--exist_ok), the weight files of an earlier export go first, so no stale shard is loaded beside
-    the new ones; other files stay unless the export has one of the same name."""
-    written = sorted(os.listdir(staging))
-    if not os.path.isdir(output_dir):
-        os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
-        os.rename(staging, output_dir)
-        return written
-    for name in os.listdir(output_dir):
-        path = os.path.join(output_dir, name)
-        if name in replaces and name not in written:  # an earlier export's part this one does not have
-            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-        elif WEIGHT_FILE.match(name) and os.path.isfile(path) and name not in written:
-            os.remove(path)
-    for name in written:
-        dst = os.path.join(output_dir, name)
-        if os.path.isdir(dst) and not os.path.islink(dst):
-            shutil.rmtree(dst)
-        os.replace(os.path.join(staging, name), dst)
-    os.rmdir(staging)
-    return written
+def _model_name(a) -> str:
+    """The GGUF's `general.name`: the model's folder or hub name, and the last adapter's folder name."""
+    from swift.pipelines.merge_lora import base_model_of
+
+    base = a.model or base_model_of(a.adapters[0])
+    names = [base.removeprefix("builtin:"), *a.adapters[-1:]]
+    return "-".join(os.path.basename(os.path.normpath(n)) for n in names)
+
+
+def _write_manifest(a, staging: str) -> None:
+    """export_args.json: the flags, and the names this export writes (what a later export with
+    --exist_ok replaces; swift/export/publish.py)."""
+    from swift.pipelines.merge_lora import base_model_of
+
+    files = sorted({*os.listdir(staging), MANIFEST})
+    write_json(os.path.join(staging, MANIFEST), {**a.to_dict(), "model": a.model or base_model_of(a.adapters[0]),
+                                                 "files": files})
 
 
 def _push(a, folder: str, files: list[str] | None = None) -> str:
@@ -236,7 +252,7 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
             from swift.dataset.cache import INFO, encode_and_save
 
             result.update(encode_and_save(a, staging))
-            _publish(staging, a.output_dir, replaces=("train", "val", INFO))
+            publish(staging, a.output_dir, replaces=("train", "val", INFO))
             return result
         hf_dir = _hf_source(a, staging, scratch)
         if a.merge_lora:
@@ -246,7 +262,8 @@ def export_main(args: ExportArguments | list[str] | None = None) -> dict[str, An
             result["quantized"] = a.output_dir
         if a.to_gguf:
             result.update(_write_gguf(a, hf_dir, staging, scratch))
-        written = _publish(staging, a.output_dir)
+        _write_manifest(a, staging)
+        written = publish(staging, a.output_dir)
     except BaseException:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)

@@ -34,13 +34,16 @@ class MergeOptions:
         "help": "dtype of the merged weights: auto (the base checkpoint's dtype, from its config.json or, "
                 "without one there, its safetensors; float32 if neither says), float32, float16, bfloat16, float64."})
     use_hf: bool = field(default=False, metadata={"help": "Download a hub base model from the HF hub instead of ModelScope."})
-    safe_serialization: bool = field(default=True, metadata={"help": "Save as safetensors."})
+    safe_serialization: bool = field(default=True, metadata={
+        "help": "Save as safetensors (false is refused: transformers 5 writes safetensors only)."})
 
     def __post_init__(self) -> None:
         if isinstance(self.adapters, str):
             self.adapters = [self.adapters]
         if not self.adapters:
             raise SwiftError("--adapters is required: one or more LoRA adapter directories")
+        if not self.safe_serialization:
+            raise SwiftError("--safe_serialization false: transformers 5 writes weights as safetensors only")
         for path in self.adapters:
             if not os.path.isfile(os.path.join(path, "adapter_config.json")):
                 raise SwiftError(f"--adapters {path}: no adapter_config.json there (not a LoRA adapter directory)")
@@ -181,7 +184,7 @@ def merge_lora_main(args: MergeLoraArguments | list[str] | None = None) -> dict[
     model.config._name_or_path = a.output_dir
 
     def save(folder: str) -> None:
-        model.save_pretrained(folder, safe_serialization=a.safe_serialization)
+        model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         write_json(os.path.join(folder, "merge_args.json"), {**a.to_dict(), "model": base})
 

@@ -73,7 +73,7 @@ def test_gguf_f16_and_the_modelfile_answer_as_our_engine(reference, tmp_path):
     out = tmp_path / "ollama"
     proc = export("--model", model_dir, "--to_ollama", "true", "--output_dir", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(os.listdir(out)) == ["Modelfile", "model-f16.gguf"]
+    assert sorted(os.listdir(out)) == ["Modelfile", "export_args.json", "model-f16.gguf"]
     theirs = llama_answers(str(out / "model-f16.gguf"), model_dir, rows)
     assert theirs == ours
     assert sum(a == r["solution"] for a, r in zip(ours, rows)) / len(rows) > 0.8  # a model that really adds
@@ -139,6 +139,8 @@ def test_merged_lora_equals_the_adapter_and_converts(tmp_path, tiny):
     assert (got - expected).abs().max() < 1e-4
     # llama.cpp's logits of the merged GGUF (f16 weights) follow the adapter's
     llm = llama_cpp.Llama(model_path=str(out / "model-f16.gguf"), n_ctx=64, logits_all=True, verbose=False)
+    # named after the model and adapter (before 2026-11-30 every GGUF was "Runtime", the converter's scratch folder)
+    assert llm.metadata["general.name"] == "base-lora"
     tokens = tokenizer("12+34=46")["input_ids"]
     llm.eval(tokens)
     theirs = torch.tensor(llm.scores[:len(tokens)])
@@ -248,14 +250,24 @@ def read_modelfile(text: str):
     return wrappers, gen, default, stops
 
 
-@pytest.mark.parametrize("template", ["qwen2_5.jinja", "llama3_2.jinja", None])
+# what the TEMPLATE cannot render as each chat template does (swift.export.ollama.differences), warned at export
+TOOLS, CALLS, TOOL_MESSAGES = "tool definitions (Ollama's .Tools)", "assistant tool calls", "tool messages"
+THINK, SYSTEMS = "earlier assistant turns (it rewrites them, e.g. drops their <think> reasoning)", \
+    "a system message after the first"
+DIFFERENCES = {None: [], "qwen2_5.jinja": [TOOLS, CALLS, TOOL_MESSAGES],
+               "llama3_2.jinja": [TOOLS, CALLS, TOOL_MESSAGES, SYSTEMS],
+               "qwen3.jinja": [TOOLS, CALLS, TOOL_MESSAGES, THINK]}
+
+
+@pytest.mark.parametrize("template", ["qwen2_5.jinja", "llama3_2.jinja", "qwen3.jinja", None])
 def test_the_modelfile_template_renders_what_the_chat_template_renders(tokenizer, template):
     """The written Modelfile's TEMPLATE, read back and run as Ollama runs it (the leading block when no
     system message comes first, each message in its role's text, the generation prompt), gives the chat
-    template's text for conversations with and without a system prompt."""
+    template's text for conversations with and without a system prompt, and with tool messages where it
+    has a tool branch (ChatML's); what it cannot render is named (before 2026-11-30 nothing was said)."""
     import copy
 
-    from swift.export.ollama import compose, modelfile
+    from swift.export.ollama import compose, differences, modelfile, read_wrappers
 
     tok = copy.deepcopy(tokenizer)
     if template:
@@ -263,19 +275,25 @@ def test_the_modelfile_template_renders_what_the_chat_template_renders(tokenizer
         tok.chat_template = open(path).read()
     text = modelfile(tok, "model-f16.gguf", ["<|im_end|>", "<｜end▁of▁sentence｜>"])
     wrappers, gen, default, stops = read_modelfile(text)
-    assert set(wrappers) == {"system", "user", "assistant"}
+    assert set(wrappers) == {"system", "user", "assistant", *(["tool"] if template is None else [])}
     assert stops == ["<|im_end|>", "<｜end▁of▁sentence｜>"]  # as written, not \u escapes
-    assert (default is not None) == (template is not None)  # Qwen2.5 and Llama 3.2 put a system block first
+    # Qwen2.5 and Llama 3.2 put a system block first; Qwen3 does not
+    assert (default is not None) == (template in ("qwen2_5.jinja", "llama3_2.jinja"))
     conversations = [
         [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
         [{"role": "user", "content": "12+7=?"}, {"role": "assistant", "content": "19"},
          {"role": "user", "content": "and 3+4?"}],
     ]
+    if "tool" in wrappers:
+        tool = {"role": "tool", "content": '{"temp": "22 C"}\nsunny'}
+        conversations.append([conversations[1][0], {"role": "assistant", "content": "looking"}, tool, tool,
+                              {"role": "assistant", "content": "sunny"}, conversations[1][2]])
     for messages in conversations:
         expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if tok.bos_token and expected.startswith(tok.bos_token):
             expected = expected[len(tok.bos_token):]  # llama.cpp adds it, as the GGUF says
         assert compose(wrappers, gen, default, messages) == expected
+    assert differences(tok, *read_wrappers(tok)) == DIFFERENCES[template]
     with pytest.raises(SwiftError, match="cannot be written as a Modelfile parameter"):
         modelfile(tok, "m.gguf", ['say "stop"'])
 
@@ -390,8 +408,9 @@ def test_quantized_checkpoint_loads_in_swift_infer_and_deploy(reference, tmp_pat
 
 
 def hub_stand_in(token: str):
-    """A local stand-in of the Hugging Face hub's upload API (repo creation, preupload, commit), as
-    huggingface_hub calls it: answers every file as a regular (inline) upload and keeps what it gets."""
+    """A local stand-in of the Hugging Face hub's upload API (repo creation, preupload, commit with added and
+    deleted files, the file listing), as huggingface_hub calls it: answers every file as a regular (inline)
+    upload and keeps what it gets."""
     import base64
 
     app = FastAPI()
@@ -429,7 +448,14 @@ def hub_stand_in(token: str):
                 repo["commits"].append(item["value"]["summary"])
             elif item["key"] == "file":
                 repo["files"][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+            elif item["key"] == "deletedFile":
+                del repo["files"][item["value"]["path"]]
         return {"commitUrl": f"{request.base_url}{owner}/{name}/commit/1", "commitOid": "1" * 40}
+
+    @app.get("/api/models/{owner}/{name}/tree/{revision}")
+    async def tree(owner: str, name: str, revision: str):
+        files = app.state.repos[f"{owner}/{name}"]["files"]
+        return [{"type": "file", "path": path, "size": len(data), "oid": "0" * 40} for path, data in files.items()]
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "HEAD"])
     async def anything_else(path: str, request: Request):
@@ -469,6 +495,17 @@ def test_push_to_hub_uploads_through_the_hubs_api(tmp_path, tiny):
         written = sorted(p.name for p in (tmp_path / "out").iterdir())
         assert sorted(repo["files"]) == written and "model.safetensors" in written
         assert repo["files"]["model.safetensors"] == (tmp_path / "out" / "model.safetensors").read_bytes()
+        # a sharded export into the same repo: the single file is deleted (transformers would load it before the
+        # index; before 2026-11-30 it stayed), the repo's GGUF and README are not weights of a checkpoint
+        repo["files"].update({"model-q4_k_m.gguf": b"gguf", "README.md": b"readme"})
+        proc = subprocess.run([*SWIFT, "export", "--model", str(model_dir), "--quant_method", "bnb", "--quant_bits",
+                               "8", "--max_shard_size", "300KB", "--output_dir", str(tmp_path / "sharded"),
+                               "--push_to_hub", "true", "--use_hf", "true", "--hub_model_id", "me/tiny-int8",
+                               "--hub_token", "hf_secret"], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, (proc.stderr[-3000:], app.state.unknown)
+        sharded = sorted(p.name for p in (tmp_path / "sharded").iterdir())
+        assert "model.safetensors.index.json" in sharded and "model.safetensors" not in sharded
+        assert sorted(repo["files"]) == sorted([*sharded, "model-q4_k_m.gguf", "README.md"])
         # a folder as it is, with a wrong token: one line, the hub's answer in it
         proc = subprocess.run([*SWIFT, "export", "--model", str(model_dir), "--push_to_hub", "true", "--use_hf",
                                "true", "--hub_model_id", "me/other", "--hub_token", "wrong"],
@@ -504,3 +541,125 @@ def test_a_terminated_export_leaves_nothing(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 128 + signal.SIGTERM, proc.stderr.read()[-2000:]
     assert os.listdir(tmp_path) == []
+
+
+def test_a_reward_models_head_is_kept_or_refused(tmp_path, tiny_dir):
+    """A reward model (a seq_cls LoRA) quantized with bnb stays a sequence classifier whose scores follow
+    base + adapter (before 2026-11-30 it was loaded as a causal LM: the score head was dropped); GPTQ and
+    GGUF, which would drop the head, are refused before any work."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from swift.pipelines.export import export_main
+
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_dir, num_labels=1)
+    rm.config.pad_token_id = 0
+    adapter = tmp_path / "rm-lora"
+    get_peft_model(rm, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS",
+                                  init_lora_weights=False)).save_pretrained(adapter)
+    out = tmp_path / "rm-bnb8"
+    export_main(["--model", tiny_dir, "--adapters", str(adapter), "--quant_method", "bnb", "--quant_bits", "8",
+                 "--output_dir", str(out)])
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen2ForSequenceClassification"]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    ids = tokenizer(["12+34=46", "7+5=13", "1+1=2"], return_tensors="pt", padding=True)
+    quantized = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    torch.manual_seed(0)
+    base = AutoModelForSequenceClassification.from_pretrained(tiny_dir, num_labels=1)
+    base.config.pad_token_id = 0
+    reference = PeftModel.from_pretrained(base, adapter).eval()
+    with torch.no_grad():
+        expected, got = reference(**ids).logits, quantized(**ids).logits
+    assert got.shape == expected.shape == (3, 1)
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max(), (got, expected)
+    for flags in (["--to_gguf", "true"], ["--quant_method", "gptq", "--quant_bits", "4"]):
+        flag = flags[0] if flags[0] == "--to_gguf" else "--quant_method gptq"
+        with pytest.raises(SwiftError, match=f"^{flag}: .* is a seq_cls model"):
+            export_main(["--model", tiny_dir, "--adapters", str(adapter), *flags, "--output_dir", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
+
+
+def test_shard_sizes_safetensors_and_llama_cpp_checkouts_are_checked_up_front(tmp_path, tiny_dir):
+    """--max_shard_size is read once into bytes (a binary unit included; before 2026-11-30 `5GiB` or `5`
+    passed the check and crashed after quantizing); --safe_serialization false is refused (transformers 5
+    writes safetensors only; before, it was ignored); a llama.cpp checkout without the converter's
+    conversion/ package is refused naming the flag (before, the converter's failure blamed the model)."""
+    from safetensors import safe_open
+
+    from swift.arguments.export import shard_bytes
+    from swift.pipelines.export import export_main
+    from swift.pipelines.merge_lora import merge_lora_main
+
+    assert [shard_bytes(s) for s in ("5GB", "500KB", "1.5GB", "2GiB", "10b")] == [5 * 10**9, 500_000, 15 * 10**8,
+                                                                                   2 * 2**30, 10]
+    out = tmp_path / "sharded"
+    export_main(["--model", tiny_dir, "--quant_method", "bnb", "--quant_bits", "8", "--max_shard_size", "0.25MiB",
+                 "--output_dir", str(out)])
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) > 2 and (out / "model.safetensors.index.json").is_file()
+    for shard in shards:  # a tensor larger than the limit gets a shard of its own
+        with safe_open(shard, "pt") as f:
+            assert shard.stat().st_size <= 2**18 + 2**12 or len(list(f.keys())) == 1, shard
+    old = tmp_path / "llama.cpp-old"
+    old.mkdir()
+    (old / "convert_hf_to_gguf.py").write_text("")
+    for flags, message in [(["--max_shard_size", "5"], "--max_shard_size '5' is not a size"),
+                           (["--max_shard_size", "5 GB"], "--max_shard_size '5 GB' is not a size"),
+                           (["--safe_serialization", "false"], "--safe_serialization false: transformers 5 writes")]:
+        with pytest.raises(SwiftError, match=f"^{message}"):
+            export_main(["--model", tiny_dir, "--quant_method", "bnb", "--quant_bits", "8", *flags,
+                         "--output_dir", str(tmp_path / "refused")])
+    with pytest.raises(SwiftError, match=f"^--llama_cpp_dir {old}: no conversion/base.py there"):
+        export_main(["--model", tiny_dir, "--to_gguf", "true", "--llama_cpp_dir", str(old),
+                     "--output_dir", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(SwiftError, match="^--safe_serialization false: transformers 5 writes"):
+        merge_lora_main(["--adapters", str(adapter), "--safe_serialization", "false",
+                         "--output_dir", str(tmp_path / "merged")])
+
+
+def test_a_modelscope_upload_deletes_the_repos_stale_weight_files(tmp_path, monkeypatch):
+    """ModelScope's upload has no delete patterns: after the upload, the repo's weight files this upload
+    does not have are deleted in a second commit (a stand-in of modelscope_hub's HubApi records the calls;
+    before 2026-11-30 they stayed)."""
+    from types import SimpleNamespace
+
+    import modelscope_hub.api
+
+    from swift.model.hub import push_to_hub
+
+    calls = []
+
+    class HubApi:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, repo_id, repo_type, visibility):
+            calls.append(("create", repo_id))
+
+        def upload_folder(self, repo_id, repo_type, folder, commit_message, allow_patterns):
+            calls.append(("upload", sorted(allow_patterns)))
+            return {"commit_url": "url"}
+
+        def list_repo_files(self, repo_id, repo_type):
+            return [SimpleNamespace(path=p) for p in ("model.safetensors", "model-00001-of-00002.safetensors",
+                                                      "model.safetensors.index.json", "q4.gguf", "README.md",
+                                                      "sub/pytorch_model.bin")]
+
+        def delete_files(self, repo_id, repo_type, paths, commit_message):
+            calls.append(("delete", sorted(paths)))
+
+    monkeypatch.setattr(modelscope_hub.api, "HubApi", HubApi)
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                 "model.safetensors.index.json", "config.json"):
+        (tmp_path / name).write_text("x")
+    assert push_to_hub(str(tmp_path), "me/m", use_hf=False, files=sorted(os.listdir(tmp_path))) == "url"
+    assert calls[-1] == ("delete", ["model.safetensors", "sub/pytorch_model.bin"])
+    calls.clear()
+    (tmp_path / "only.gguf").write_text("x")  # no weight files of a checkpoint uploaded: nothing is deleted
+    push_to_hub(str(tmp_path), "me/m", use_hf=False, files=["only.gguf"])
+    assert [c[0] for c in calls] == ["create", "upload"]
