@@ -211,6 +211,8 @@ class TrainPipeline:
             metrics.update(_last_eval(trainer))
         trainer.save_model(out)
         save_whole_model(trainer, out)
+        if hasattr(trainer, "evaluate_after_save"):  # e.g. --evaluate_on_neg_data: after the model is safe
+            metrics.update(trainer.evaluate_after_save())
         if hasattr(trainer, "close"):
             trainer.close()  # e.g. an inference engine's processes
         if a.training_args.deepspeed:  # a later model loaded in this process must not be partitioned

@@ -27,8 +27,9 @@ from swift.arguments.model import ModelArguments
 from swift.pipelines.base import resolve_args
 from swift.rewards.safety import refuses
 from swift.safety.beast import BeastConfig, beast
-from swift.safety.gcg import PLACEHOLDER, GCGArguments, gcg
-from swift.safety.model import AdapterArguments, load_studied_model, special_ids, studied_template
+from swift.safety.gcg import PLACEHOLDER, GCGArguments, gcg, import_nanogcg
+from swift.safety.model import (AdapterArguments, check_causal_lm, load_studied_model, special_ids,
+                                studied_template)
 from swift.utils.io import write_json
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
@@ -138,6 +139,7 @@ class AttackArguments(ComposedArguments):
                                          "reward_pretrain": "reward_model"}
 
     def __post_init__(self) -> None:
+        check_causal_lm(self)
         # the other attack's flags change nothing: refuse them
         other = "beast_args" if self.attack == "gcg" else "gcg_args"
         part = getattr(self, other)
@@ -217,6 +219,12 @@ class Prompter:
         logp = self.model(input_ids=ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
         per_token = logp.gather(-1, torch.tensor(target_ids, device=self.device)[:, None])[:, 0]
         return {"first": float(per_token[0]), "mean": float(per_token.mean()), "sum": float(per_token.sum())}
+
+
+def measured_target(a, target: str) -> str:
+    """The target the search optimises, and so the one measured: nanoGCG prepends a space to it with
+    --gcg_add_space_before_target."""
+    return " " + target if a.attack == "gcg" and a.gcg_add_space_before_target else target
 
 
 def attack_success(a, responses: list[str], rewards: list[float] | None) -> bool:
@@ -354,7 +362,10 @@ def attack_main(args: AttackArguments | list[str] | None = None) -> dict[str, An
     a = resolve_args(AttackArguments, args, "swift attack")
     rows = read_targets(a.dataset, a.scenario, a.max_targets)
     judge = RewardJudge(a) if a.atk_success_criteria == "reward" else None  # bad reward flags stop here
-    run_dir, done = open_run(a, rows)  # a resumed run with other settings stops before the model loads
+    if a.attack == "gcg":
+        import_nanogcg()  # missing: stop before anything is written
+    if a.resume:  # a resumed run with other settings stops before the model loads
+        run_dir, done = open_run(a, rows)
     model, tokenizer, model_type = load_studied_model(a)
     template = studied_template(a, model_type, tokenizer)
     prompter = Prompter(model, tokenizer, template)
@@ -365,6 +376,8 @@ def attack_main(args: AttackArguments | list[str] | None = None) -> dict[str, An
         draft_model, draft_tokenizer, _ = load_model(a.gcg_probe_sampling_draft_model, torch_dtype=a.torch_dtype,
                                                      device=prompter.device)
         draft = (draft_model.eval(), draft_tokenizer)
+    if not a.resume:  # the new run's directory, once everything that may refuse the run has passed
+        run_dir, done = open_run(a, rows)
     adapters = getattr(model, "peft_config", None)
     engine = TransformersEngine(model, tokenizer, template, max_batch_size=a.batch_size, inline=True,
                                 default_adapter=next(iter(adapters)) if adapters else None)
@@ -375,9 +388,10 @@ def attack_main(args: AttackArguments | list[str] | None = None) -> dict[str, An
     with open(os.path.join(run_dir, "results.jsonl"), "a", encoding="utf-8") as out:
         for i in tqdm(todo, desc=f"attack ({a.attack})", unit="target", dynamic_ncols=True):
             row, started = rows[i], time.perf_counter()
-            before = prompter.target_logprob(row["goal"], "", row["target"])  # strings: an empty user turn
+            target = measured_target(a, row["target"])
+            before = prompter.target_logprob(row["goal"], "", target)  # strings: an empty user turn
             suffix, result = attack_one(a, prompter, row, draft)
-            after = prompter.target_logprob(row["goal"], suffix, row["target"])
+            after = prompter.target_logprob(row["goal"], suffix, target)
             attacked = [{"role": "user", "content": user_text(row["goal"], suffix)}]
             responses = [c.text for c in engine.infer([InferRequest(messages=attacked)], config)[0].choices]
             rewards = None

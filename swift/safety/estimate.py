@@ -31,7 +31,8 @@ from tqdm import tqdm
 from swift.arguments.base import ComposedArguments
 from swift.arguments.model import ModelArguments
 from swift.pipelines.base import resolve_args
-from swift.safety.model import AdapterArguments, load_studied_model, special_ids, studied_template
+from swift.safety.model import (AdapterArguments, check_causal_lm, load_studied_model, special_ids,
+                                studied_template)
 from swift.utils.io import write_json
 from swift.utils.registry import SwiftError
 
@@ -92,6 +93,14 @@ class EstimateOptions:
             raise SwiftError("--mhis_burn_in must be at least 0")
         if (self.template or self.system) and self.goal is None:
             raise SwiftError("--template and --system are read only with --goal")
+        if self.distribution_file and self.distribution_name != "hex":
+            raise SwiftError(f"--distribution_name {self.distribution_name} is not read with --distribution_file "
+                             "(the file gives the input tokens)")
+        if self.method == "itgis" and self.n_samples <= self.batch_size:
+            raise SwiftError(f"--n_samples {self.n_samples} <= --batch_size {self.batch_size} with --method itgis: "
+                             "its first batch samples the plain input distribution and only later batches are steered "
+                             "by the gradients (--temperature, --itgis_decay_rate), so this is brute force; give "
+                             "--n_samples above --batch_size")
         # the flags of the other methods change nothing: refuse them
         unread = {"bruteforce": ("temperature", "itgis_decay_rate", "mhis_burn_in"),
                   "itgis": ("mhis_burn_in",), "mhis": ("itgis_decay_rate",),
@@ -113,6 +122,12 @@ class EstimateArguments(ComposedArguments):
         "estimate_args": EstimateOptions,
     }
     aliases: ClassVar[dict[str, str]] = {"pretrain": "model"}  # the fork's name of the model flag
+
+    def __post_init__(self) -> None:
+        check_causal_lm(self)
+        if self.model_type is not None and self.goal is None:
+            raise SwiftError("--model_type is read only with --goal (it chooses the chat template; without --goal "
+                             "the tokens are read alone)")
 
 
 @dataclass

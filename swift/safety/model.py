@@ -21,6 +21,13 @@ class AdapterArguments:
                              "several into one model)")
 
 
+def check_causal_lm(a) -> None:
+    """--task_type / --num_labels: a safety command studies a causal language model."""
+    if a.task_type != "causal_lm" or a.num_labels is not None:
+        raise SwiftError(f"--task_type {a.task_type}" + (" --num_labels" if a.num_labels is not None else "")
+                         + ": attacks and estimates study a causal language model")
+
+
 def load_studied_model(a):
     """(model, tokenizer, model_type): eval mode, frozen, on the GPU when there is one."""
     from swift.arguments.infer import named_adapters
@@ -28,9 +35,7 @@ def load_studied_model(a):
     from swift.model import load_model
     from swift.model.loader import bnb_config
 
-    if a.task_type != "causal_lm" or a.num_labels is not None:
-        raise SwiftError(f"--task_type {a.task_type}" + (" --num_labels" if a.num_labels is not None else "")
-                         + ": attacks and estimates study a causal language model")
+    check_causal_lm(a)
     adapters = named_adapters(a.adapters)
     model, tokenizer, info = load_model(_model_id(a, adapters), use_hf=a.use_hf, revision=a.model_revision,
                                         torch_dtype=a.torch_dtype, attn_impl=a.attn_impl,

@@ -23,6 +23,7 @@ import shutil
 import torch
 import torch.distributed as dist
 
+from swift.arguments.rlhf_harmless import read_neg_data
 from swift.rlhf.harmless import (log_phi, negative_weights, policy_terms, proposal_terms, returns_and_advantages,
                                  transform_rewards)
 from swift.rlhf.reduce import logged
@@ -180,10 +181,24 @@ class NegData:
         self.path, self.threshold, self.write = path, threshold, write
         self.seen: set[tuple] = set()
         if path and write and os.path.exists(path):
-            with open(path) as f:
-                for line in f:
-                    row = json.loads(line)
+            self._read_back(path)
+
+    def _read_back(self, path: str) -> None:
+        """The samples of a resumed run's file; its last line, cut short by a crash, is dropped."""
+        keep = 0
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                if not raw.endswith(b"\n"):
+                    break  # the last line of an interrupted run may be cut short
+                try:
+                    row = json.loads(raw)
                     self.seen.add((tuple(row["prompt_ids"]), tuple(row["completion_ids"])))
+                except (ValueError, KeyError, TypeError):
+                    raise SwiftError(f"--save_negdata: {path} line {number} is not a sample this run wrote (a JSON "
+                                     "object with prompt_ids and completion_ids); fix or delete the file") from None
+                keep += len(raw)
+        with open(path, "r+b") as f:
+            f.truncate(keep)
 
     def add(self, prompts, trajectories, rewards, n: int, source: str, step: int) -> None:
         """Called by every rank at the same point; rank 0 writes every rank's samples."""
@@ -220,6 +235,9 @@ class HarmlessTrainer(GRPOTrainer):
         self._pending: Negatives | None = None
         self.negdata = NegData(os.path.join(self.args.output_dir, NEGDATA) if a.save_negdata else None,
                                a.save_negdata_threshold, write=self.args.process_index == 0)
+        # read and checked before training: a bad row must not cost the trained model
+        self._neg_rows = read_neg_data(a.evaluate_on_neg_data, self.model.get_input_embeddings().weight.shape[0]) \
+            if a.evaluate_on_neg_data else None
         self.proposal = None
         if a.harmlessness_training_loss_type != "reinforce" and not a.use_base_as_proposal:
             self.proposal = Proposal(self, proposal_model, engine_factory)
@@ -275,22 +293,20 @@ class HarmlessTrainer(GRPOTrainer):
         if self._pending is not None:
             neg, self._pending = self._pending, None
             self.proposal_step(neg)
-        if self.rlhf_args.evaluate_on_neg_data:
-            result.metrics.update(self.evaluate_on_neg_data(self.rlhf_args.evaluate_on_neg_data))
         return result
 
-    def evaluate_on_neg_data(self, path: str) -> dict[str, float]:
-        """The samples of a negdata.jsonl under the trained policy: their mean log-prob and the mean
-        over prompts of the log-sum-exp of their prompt's samples (a lower bound on log P(bad))."""
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        if not rows:
-            raise SwiftError(f"--evaluate_on_neg_data {path}: no samples")
+    def evaluate_after_save(self) -> dict[str, float]:
+        """What the pipeline evaluates once the model is saved: `--evaluate_on_neg_data`."""
+        return self.evaluate_on_neg_data(self._neg_rows) if self._neg_rows else {}
+
+    def evaluate_on_neg_data(self, rows: list[dict]) -> dict[str, float]:
+        """The samples of a negdata.jsonl (`read_neg_data`) under the trained policy: their mean log-prob
+        and the mean over prompts of the log-sum-exp of their prompt's samples (a lower bound on log P(bad))."""
         sums = []
         size = self.args.per_device_eval_batch_size
         with torch.no_grad(), eval_mode(self.model):
             for start in range(0, len(rows), size):
-                part = [Trajectory(r["prompt_ids"], r["completion_ids"], r["loss_mask"], r["completion"], False, [])
+                part = [Trajectory(r["prompt_ids"], r["completion_ids"], r["loss_mask"], "", False, [])
                         for r in rows[start:start + size]]
                 batch = self._prepare_inputs(tensorize(part, self.processing_class.pad_token_id))
                 logps = token_logps(self.accelerator.unwrap_model(self.model), batch, self.rlhf_args.temperature,

@@ -164,3 +164,41 @@ def test_bad_csv_rows_are_named_by_file_and_line(tmp_path):
     assert read_targets(str(strings), "strings", None) == [{"goal": "", "target": "B"}]
     with pytest.raises(SwiftError, match="strings.csv: no 'goal' column"):
         read_targets(str(strings), "behaviors", None)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--task_type", "seq_cls"], "study a causal language model"),
+    (["--attack", "gcg", "--gcg_probe_sampling_draft_model", "/no/such/draft"], "/no/such/draft"),
+    (["--attack", "gcg", "NO_NANOGCG"], "needs nanoGCG"),
+])
+def test_a_refused_run_leaves_no_directory(flags, message, targets, tmp_path, monkeypatch):
+    """Everything that may refuse the run is checked before its directory (and run.json) is written."""
+    if "NO_NANOGCG" in flags:
+        flags = flags[:-1]
+        monkeypatch.setitem(__import__("sys").modules, "nanogcg", None)  # `import nanogcg` raises ImportError
+    with pytest.raises(Exception, match=message):
+        attack_main(["--model", "builtin:tiny-chat", "--dataset", targets, "--output_dir", str(tmp_path / "runs"),
+                     *flags])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_gcg_add_space_before_target_measures_the_target_it_optimises(tmp_path, monkeypatch):
+    """nanoGCG prepends the space to the target it optimises; the log-probabilities before and after
+    are of that target too: the search's own best loss (the mean NLL of its target) equals −(mean
+    log-probability after)."""
+    from swift.safety.attack import Prompter
+
+    measured, original = [], Prompter.target_logprob
+
+    def recorded(self, goal, suffix, target):
+        measured.append(target)
+        return original(self, goal, suffix, target)
+
+    monkeypatch.setattr(Prompter, "target_logprob", recorded)
+    summary = attack_main(["--model", "builtin:tiny-chat", "--dataset", "builtin:toy-safety-behaviors",
+                           "--max_targets", "1", "--attack", "gcg", "--gcg_num_steps", "2", "--gcg_search_width", "16",
+                           "--gcg_topk", "8", "--gcg_optim_str_init", "x x x x", "--gcg_add_space_before_target",
+                           "true", "--max_new_tokens", "2", "--output_dir", str(tmp_path)])
+    row = json.loads(open(f"{summary['run_dir']}/results.jsonl").readline())
+    assert measured == [" " + row["target"]] * 2
+    assert -row["logprob_after"]["mean"] == pytest.approx(row["attack_loss"], rel=1e-5)

@@ -1,7 +1,9 @@
 """Learning check and end-to-end run of examples/red_team.sh on a smaller budget: the tiny model
 learns to refuse the toy harmful requests (all 48 held-out phrasings answered as trained), both
 attacks raise the target's log-probability on every attacked request, and the estimators agree
-with the exact enumeration of the 31^2 hex suffixes (ITGIS and brute force within 10%).
+with the exact enumeration of the 31^2 hex suffixes (ITGIS and brute force within 10%: a check that
+the script's steps hold together, not of the estimators, since f lies within 0.85-1.07 times its mean
+over these inputs and a biased estimator would pass too; tests/safety/test_estimate.py checks them).
 
 Figures of the full script (README, docs/safety.md) held with seed 42 under the default kernels,
 MKL_CBWR=AVX2 ATEN_CPU_CAPABILITY=avx2 and MKL_CBWR=COMPATIBLE (2026-11-27)."""
