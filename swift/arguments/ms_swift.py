@@ -131,7 +131,6 @@ REASONS: dict[str, tuple[str, ...]] = {
         ("sleep_level", "offload_optimizer", "offload_model", "move_model_batches"),
     "each trajectory's completion budget is --max_completion_length over all its turns":
         ("completion_length_limit_scope",),
-    "the KL term is part of the loss (--beta), not of the reward": ("kl_in_reward",),
     "the reference model is not synced with the policy (TR-DPO/GRPO ref sync)":
         ("sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps"),
     "entropies are logged whenever --top_entropy_quantile < 1; off-policy metrics whenever --async_generate":
@@ -144,9 +143,11 @@ REASONS: dict[str, tuple[str, ...]] = {
     "the OpenAI server's fixed fields and request logging are not configurable":
         ("owned_by", "verbose", "log_interval"),
     "at most 20 top log-probs per token are returned": ("max_logprobs",),
-    "`swift export` converts no Megatron-Core checkpoints and caches no datasets (it merges, quantizes with bnb or "
-    "GPTQ and writes GGUF)":
-        ("template_mode", "mcore_model", "mcore_adapters", "thread_count", "offload_bridge", "test_convert_precision",
+    "`swift export --to_cached_dataset` encodes rows as `swift sft` and `swift pt` do (caches for `swift rlhf` are "
+    "not built)": ("template_mode",),
+    "`swift export` converts no Megatron-Core checkpoints (it merges, quantizes with bnb or GPTQ, writes GGUF and "
+    "caches sft/pt datasets)":
+        ("mcore_model", "mcore_adapters", "thread_count", "offload_bridge", "test_convert_precision",
          "test_convert_dtype"),
     "MCTS and distill caches are not implemented; an interrupted `swift sample` continues with --resume":
         ("cache_files",),

@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 
 from swift.arguments.rlhf_flags import (COLOCATE_ENGINE_FLAGS, DistillFlags, HarmlessFlags, OnlineFlags, PPOFlags,
                                         PreferenceFlags, RlhfCommonFlags, SamplingFlags)
+from swift.arguments.rlhf_harmless import read_neg_data, refuse_proposal_sampling
+from swift.arguments.rlhf_online import refuse_unread_online, refuse_unread_sync
 from swift.arguments.train import SftArguments
 from swift.utils.registry import SwiftError
 
@@ -94,7 +96,7 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
         """A flag only some loss types read (DPO's --label_smoothing: sigmoid and robust), given when
         none of the --loss_type given reads it (TRL ignores it), is refused naming those that do."""
         for name, unread_by in algo.unread_by_loss_types.items():
-            default = next(f.default for f in dataclasses.fields(self) if f.name == name)
+            default = algo.defaults.get(name, next(f.default for f in dataclasses.fields(self) if f.name == name))
             if getattr(self, name) == default or not all(t in unread_by for t in self.loss_type or []):
                 continue
             readers = [t for t in algo.loss_types if t not in unread_by]
@@ -235,14 +237,15 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
             raise SwiftError(f"--actor_learning_rate must be >= 0, got {self.actor_learning_rate}")
         if self.evaluate_on_neg_data and not os.path.isfile(self.evaluate_on_neg_data):
             raise SwiftError(f"--evaluate_on_neg_data {self.evaluate_on_neg_data}: no such file")
+        if self.evaluate_on_neg_data:  # read whole now: a bad row must not stop the run after training
+            read_neg_data(self.evaluate_on_neg_data)
         loss_type = self.harmlessness_training_loss_type
         negatives = loss_type != "reinforce"
         if negatives and self.target_dist_beta is None:
             raise SwiftError(f"--harmlessness_training_loss_type {loss_type} needs --target_dist_beta (β < 0, e.g. "
                              "-10; 1 with --rm_type indicator_below_threshold)")
-        if negatives and not self.use_base_as_proposal and (self.top_k or self.top_p < 1.0):
-            raise SwiftError("--top_k / --top_p with a proposal: its importance weights and CTL use q's whole "
-                             "distribution, not the truncated one the engine would sample (leave them off)")
+        if negatives and not self.use_base_as_proposal:
+            refuse_proposal_sampling(self)
         if loss_type == "neg_reinforce":
             self._check_neg_reinforce()
         elif self.neg_baseline_type is not None or self.neg_hardcoded_baseline is not None:
@@ -389,6 +392,7 @@ class RlhfArguments(HarmlessFlags, PPOFlags, OnlineFlags, DistillFlags, Sampling
             raise SwiftError("--tau_pos and --tau_neg must be positive")
         if self.rollout_importance_sampling_threshold <= 0:
             raise SwiftError("--rollout_importance_sampling_threshold must be positive")
+        refuse_unread_online(self)  # flags this configuration would parse and never read
         colocate_only = [f"--{name}" for name, default in COLOCATE_ENGINE_FLAGS.items()
                          if getattr(self, name) != default]
         if colocate_only and not (self.use_vllm and not self.server_mode):
@@ -415,19 +419,23 @@ OPENRLHF_ESTIMATORS = {"group_norm": "grpo"}
 # the data kinds (`Algorithm.data`) whose loss covers the last answer alone, and why
 LOSS_SCALE_UNREAD = {"pair": "its loss compares the chosen and rejected last answers; other tokens would join them",
                      "unpaired": "its loss scores the last answer; other tokens would join it",
-                     "steps": "its labels sit on the --step_separator tokens",
-                     "prompt": "it trains on the completions it samples"}
+                     "steps": "its labels sit on the --step_separator tokens"}
 
 
 class RLHFArguments(SftArguments):
     """`swift rlhf`: preference alignment, reward models and distillation on the shared trainer path."""
 
     parts: ClassVar[dict[str, type]] = {**SftArguments.parts, "rlhf_args": RlhfArguments}
-    defaults: ClassVar[dict[str, Any]] = {"loss_scale": "last_round"}
+    defaults: ClassVar[dict[str, Any]] = {"loss_scale": None}  # resolved in _check_loss_scale
     # the RePULSe fork's names of flags we have (its --init_kl_coef is OpenRLHF's, an alias of --beta)
     aliases: ClassVar[dict[str, str]] = {"pretrain": "model", "base_actor_learning_rate": "learning_rate",
                                          "duplicate_rollout_batch_by": "num_generations",
                                          "harmlessness_training_num_episodes": "num_train_epochs"}
+
+    def __init__(self, **kwargs: Any):
+        # not given: last_round, or for online RL with a multi-turn scheduler in the trainer default (as ms-swift)
+        object.__setattr__(self, "_loss_scale_given", kwargs.get("loss_scale") is not None)
+        super().__init__(**{**kwargs, "loss_scale": kwargs.get("loss_scale") or "last_round"})
 
     def builds_a_lora_beside_adapters(self) -> bool:
         # PPO's separate critic gets a new LoRA from these flags (`swift.pipelines.rlhf`), also when
@@ -481,15 +489,30 @@ class RLHFArguments(SftArguments):
             self._check_harmless()
         if self.training_args.deepspeed_config:
             self._check_deepspeed(algo)
+        refuse_unread_sync(self)
 
     def _check_loss_scale(self, algo) -> None:
-        """--loss_scale other than last_round (the default here, as in ms-swift) is read by distillation
-        alone, on the dataset's answers. Pairs and KTO split prompt from answer at the first token with
-        loss (under `all` the prompt would be empty, under `default` earlier turns would join the
-        answer); PRM labels its step separators and online RL its own samples."""
+        """--loss_scale other than last_round (the default here, as in ms-swift) is read by distillation,
+        on the dataset's answers, and by online RL, on multi-turn rollouts (`default`: every generated
+        turn; `last_round`: the final assistant message; `swift.rollout.runner.rollout`), where it
+        defaults to `default` with a --multi_turn_scheduler in the trainer, as ms-swift. Pairs and KTO
+        split prompt from answer at the first token with loss (under `all` the prompt would be empty,
+        under `default` earlier turns would join the answer); PRM labels its step separators."""
+        r = self.rlhf_args
+        if algo.data == "prompt":
+            if not self._loss_scale_given and r.multi_turn_scheduler:
+                self.loss_scale = "default"
+            if self.loss_scale == "all":
+                raise SwiftError(f"--loss_scale all does not apply to --rlhf_type {self.rlhf_type} (it trains on the "
+                                 "tokens it generates, never on prompt or environment tokens); use default or "
+                                 "last_round")
+            if self.loss_scale == "default" and not (r.multi_turn_scheduler or r.server_mode):
+                raise SwiftError(f"--loss_scale default does not apply to --rlhf_type {self.rlhf_type} (without a "
+                                 "--multi_turn_scheduler, here or on a rollout server, each completion is one "
+                                 "answer); drop it")
+            return
         if self.loss_scale == "last_round":
             return
-        r = self.rlhf_args
         why = LOSS_SCALE_UNREAD.get(algo.data)
         if algo.data == "conversation" and (r.seq_kd or r.lmbda == 1):
             why = "with --seq_kd or --lmbda 1 every step trains on sampled answers, not the dataset's"

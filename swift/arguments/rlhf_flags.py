@@ -155,6 +155,10 @@ class OnlineFlags:
         "help": "grpo: grpo (default), rloo, dr_grpo, reinforce_plus_plus (ms-swift's: group baseline, ÷ batch std "
                 "of the centred rewards), and OpenRLHF's reinforce (rewards whitened over the batch), "
                 "reinforce_baseline and group_norm (= grpo). ppo: gae (a learned critic)."})
+    kl_in_reward: bool | None = field(default=None, metadata={
+        "help": "grpo: subtract β × each completion's KL to the reference (the sum over its tokens of log π_old − "
+                "log π_ref) from its reward before the advantages, and leave the KL out of the loss; false: β·KL is "
+                "a loss term. Default (as ms-swift): true for rloo and reinforce_plus_plus, false otherwise."})
     scale_rewards: str | None = field(default=None, metadata={
         "help": "grpo: divide advantages by a std over the group or the batch: group, batch, none (default "
                 "group for grpo, batch for reinforce_plus_plus, none otherwise; refused for reinforce, which is "

@@ -325,6 +325,8 @@ def _settle_kl(t: Translation, ppo: bool) -> None:
     for value, at in ((coef, coef_at), (kind, kind_at)):
         if on is None and value is not None and is_override(at):  # verl's default for the switch is false
             raise refuse(at, f"does nothing in verl unless {switch}=true (its default is false); give both")
+    if on and not ppo:  # verl's KL loss: a loss term for every estimator (ms-swift's rloo would subtract it)
+        t.set("kl_in_reward", False, on_at)
     if coef is not None:
         t.set("beta", coef, coef_at)
     if kind is not None:

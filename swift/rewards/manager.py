@@ -68,7 +68,9 @@ class TRLReward:
 
     def _arguments(self, completions, columns):
         columns = {"trainer_state": None, "log_metric": _ignore, "log_extra": _ignore, **columns}
-        messages = columns.pop("messages", None) or [[] for _ in completions]
+        whole = columns.pop("messages", None)  # from the manager: the whole conversation; called directly: the prompt
+        messages = columns.pop("prompt_messages", None) or whole or [[] for _ in completions]
+        columns.pop("rollout_infos", None)  # ms-swift's column; TRL's functions get its keys as columns
         prompt_texts = columns.pop("prompt_texts", None)
         standard = columns.pop("prompt", None)  # the dataset's own text prompt, when it had one
         ids = columns.pop("response_token_ids", None) or [[] for _ in completions]
@@ -160,6 +162,33 @@ def _resolve(name: str, args):
     return orms.get(name)  # a miss: one line with the registered names
 
 
+def _conversations(completions: list[str], messages: list[list[dict]], prompt_messages) -> list[list[dict]]:
+    """The conversations a reward model scores: `messages` as the manager hands it (the whole
+    conversation, the answer last; `prompt_messages` given), or, called directly with the prompts
+    alone (`swift sample`), each prompt with its completion appended."""
+    if prompt_messages is not None:
+        return [list(m) for m in messages]
+    return [[*m, {"role": "assistant", "content": c}] for c, m in zip(completions, messages)]
+
+
+def whole_conversations(completions: list[str], columns: dict[str, list]) -> dict[str, list]:
+    """The columns as ms-swift's GRPO hands them to reward functions (the online trainer's, before the
+    manager): `messages` the whole conversation with the answer last (`messages[-1]["content"]`), from
+    `messages` (the prompts) and, for a multi-turn rollout, `trajectory_messages` (cut after its last
+    assistant message); the prompts stay as `prompt_messages`. `swift sample` and `swift attack` hand
+    the manager the prompts as `messages`, as before."""
+    prompts = columns.get("messages")
+    if prompts is None or "prompt_messages" in columns:
+        return columns
+    trajectories = columns.get("trajectory_messages") or [None] * len(completions)
+    whole = []
+    for prompt, trajectory, completion in zip(prompts, trajectories, completions):
+        answers = [k for k, m in enumerate(trajectory or []) if k >= len(prompt) and m.get("role") == "assistant"]
+        whole.append(list(trajectory[:answers[-1] + 1]) if answers else
+                     [*prompt, {"role": "assistant", "content": completion}])
+    return {**columns, "messages": whole, "prompt_messages": prompts}
+
+
 class RewardModelReward:
     """A local sequence-classification reward model scoring the conversation with the completion."""
 
@@ -177,9 +206,9 @@ class RewardModelReward:
         template = get_template(template_name or infer_template(info.model_type, tokenizer), tokenizer)
         self.scorer = RewardScorer(model, tokenizer, template)
 
-    def __call__(self, completions, messages, **kwargs):
-        return self.scorer.score([self.scorer.render([*m, {"role": "assistant", "content": c}])
-                                  for c, m in zip(completions, messages)])
+    def __call__(self, completions, messages, prompt_messages=None, **kwargs):
+        conversations = _conversations(completions, messages, prompt_messages)
+        return self.scorer.score([self.scorer.render(m) for m in conversations])
 
 
 class RemoteRewardModel:
@@ -192,8 +221,8 @@ class RemoteRewardModel:
         self.url = self.url if self.url.endswith("/v1/rewards") else self.url + "/v1/rewards"
         self.timeout = timeout
 
-    def __call__(self, completions, messages, **kwargs):
-        body = {"messages": [[*m, {"role": "assistant", "content": c}] for c, m in zip(completions, messages)]}
+    def __call__(self, completions, messages, prompt_messages=None, **kwargs):
+        body = {"messages": _conversations(completions, messages, prompt_messages)}
         request = urllib.request.Request(self.url, data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         try:

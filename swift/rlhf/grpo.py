@@ -9,7 +9,8 @@ Advantages (`--advantage_estimator`), each as the peer that names it computes it
 the centred advantages as that peer does:
   grpo (arXiv 2402.03300):  r − mean_g; ÷ the group's (default) or batch's reward std (TRL, ms-swift)
   dr_grpo (arXiv 2503.20783):  r − mean_g; not scaled by default (÷ reward std if asked)
-  rloo (arXiv 2402.14740):  r − (sum_g − r) / (G − 1); not scaled by default (÷ reward std if asked)
+  rloo (arXiv 2402.14740):  r − (sum_g − r) / (G − 1), 0 for a row no other row of its group was
+      scored with; not scaled by default (÷ reward std if asked)
   reinforce_plus_plus (ms-swift):  r − mean_g; ÷ the batch's (default) or group's std of those
       centred values (REINFORCE++ with a group baseline, arXiv 2501.03262)
   reinforce_baseline (OpenRLHF):  r − mean_g; not scaled by default; `batch` ÷ the batch std of the
@@ -77,9 +78,11 @@ def group_baseline(rewards: torch.Tensor) -> torch.Tensor:
 
 @register("advantage_estimator", "rloo")
 def leave_one_out(rewards: torch.Tensor) -> torch.Tensor:
-    """r − mean of the other (scored) rewards of the group."""
+    """r − mean of the other (scored) rewards of the group; 0 for a row with no other scored row
+    (no baseline to compare with, as the group-mean estimators give it)."""
     count = (~rewards.isnan()).sum(dim=1, keepdim=True)
-    return rewards - (rewards.nansum(dim=1, keepdim=True) - rewards) / (count - 1).clamp(min=1)
+    advantages = rewards - (rewards.nansum(dim=1, keepdim=True) - rewards) / (count - 1).clamp(min=1)
+    return torch.where(count < 2, advantages * 0, advantages)  # * 0 keeps an unscored row's NaN
 
 
 @register("advantage_estimator", "reinforce")
@@ -239,11 +242,18 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
     return terms, info
 
 
+# the flags some built-in loss types do not read: cispo caps the weight at --epsilon_high alone, sapo
+# gates it softly (--tau_pos / --tau_neg) instead of clipping (ms-swift, TRL read them the same way)
+CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo")
+UNREAD_BY_LOSS_TYPES = {"epsilon": ("cispo", "sapo"), "epsilon_high": ("sapo",),
+                        "tau_pos": (*CLIPPED, "cispo"), "tau_neg": (*CLIPPED, "cispo")}
+
 ALGORITHMS.register("grpo", Algorithm(
     trainer="rollout", data="prompt", loss=policy_loss, reference=True,
     defaults={"beta": 0.04, "loss_type": ["grpo"], "kl_estimator": "k3", "num_generations": 8,
               "advantage_estimator": "grpo", "num_iterations": 1, "epsilon": 0.2},
-    loss_types=LOSS_TYPES, flags=ROLLOUT_FLAGS | {"scale_rewards", "dynamic_sample", "max_resample_times"}))
+    loss_types=LOSS_TYPES, flags=ROLLOUT_FLAGS | {"scale_rewards", "dynamic_sample", "max_resample_times", "kl_in_reward"},
+    unread_by_loss_types=UNREAD_BY_LOSS_TYPES))
 
 
 def rollout_importance_weights(old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, mode: str,

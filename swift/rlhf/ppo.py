@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from swift.rlhf.base import ALGORITHMS, ROLLOUT_FLAGS, Algorithm
-from swift.rlhf.grpo import LOSS_TYPES, global_token_mean, policy_loss
+from swift.rlhf.grpo import LOSS_TYPES, UNREAD_BY_LOSS_TYPES, global_token_mean, policy_loss
 from swift.rlhf.reduce import Terms
 
 WHITEN_EPS = 1e-8
@@ -115,4 +115,5 @@ ALGORITHMS.register("ppo", Algorithm(
               "vf_coef": 0.1, "cliprange_value": 0.2, "kl_horizon": 10000},
     loss_types=LOSS_TYPES, flags=ROLLOUT_FLAGS | {
         "critic_model", "critic_backbone", "critic_learning_rate", "num_mini_batches", "kl_target", "kl_horizon",
-        "cliprange_value", "vf_coef", "gamma", "lam", "whiten_rewards", "missing_eos_penalty", "reward_clip_range"}))
+        "cliprange_value", "vf_coef", "gamma", "lam", "whiten_rewards", "missing_eos_penalty", "reward_clip_range"},
+    unread_by_loss_types=UNREAD_BY_LOSS_TYPES))

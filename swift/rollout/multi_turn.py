@@ -1,4 +1,5 @@
-"""Multi-turn rollouts. ms-swift plugin files work unchanged:
+"""Multi-turn rollouts. ms-swift plugin files load as they are (`response_choice` is our `Choice`:
+its `.text`, not ms-swift's `.message.content`):
 
     from swift.rollout.multi_turn import MultiTurnScheduler, multi_turns
 
@@ -10,8 +11,10 @@
 
 After each generated turn the rollout appends the answer to `infer_request.messages`, asks
 `check_finished`, and otherwise calls `step`, which returns `{"infer_request": ...}` with the
-messages for the next turn (e.g. a tool or environment reply, or an edited assistant message).
-Tokens the model generated carry loss; tokens the environment added carry none. A scheduler that
+messages for the next turn (e.g. a tool or environment reply, or an edited assistant message),
+and may add ms-swift's `rollout_infos` and `response_token_ids` / `response_loss_mask`
+(`swift.rollout.runner._step_result`). Tokens the model generated carry loss (under `--loss_scale
+last_round` those of the final assistant message alone); tokens the environment added carry none. A scheduler that
 keeps state per trajectory keys it by `infer_request.uid` and forgets it in `release`, which the
 rollout calls once per trajectory however it ended (finished, out of budget, or an error).
 """

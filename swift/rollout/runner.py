@@ -30,6 +30,10 @@ class Trajectory:
     # the sampler's log-prob of each completion token when asked for (NaN where unknown: an appended
     # end token, environment tokens); an off-policy trainer's importance weights come from these
     logprobs: list[float] | None = None
+    # where the final assistant message's tokens start in completion_ids (a scheduler that continues
+    # one message, as math_tip_trick does, keeps one message over several turns): `--loss_scale
+    # last_round` trains from here on
+    last_round: int = 0
 
 
 def _logprobs(choice) -> list[float]:
@@ -77,9 +81,13 @@ def multi_turn(engine: InferEngine, template: Template, requests: list[RolloutIn
         # data was checked) gets no turn and no reward
         _each_trajectory(scheduler.start, states, "start")
         return _multi_turn(engine, template, states, config, scheduler, max_completion_length, control)
-    finally:
+    finally:  # one trajectory's release failing loses none of the others, nor the batch
         for state in states:
-            scheduler.release(state)
+            try:
+                scheduler.release(state)
+            except Exception as e:  # noqa: BLE001 - this trajectory's state only
+                logger.warning(f"multi-turn scheduler {type(scheduler).__name__} failed to release a trajectory: "
+                               f"{type(e).__name__}: {e}")
 
 
 def _each_trajectory(hook, states: list[RolloutInferRequest], what: str) -> None:
@@ -102,6 +110,8 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
     masks: list[list[int]] = [[] for _ in states]
     lps: list[list[float]] = [[] for _ in states]
     texts, truncated, turns = [""] * len(states), [False] * len(states), [0] * len(states)
+    # where each trajectory's final assistant message starts, and the message its last turn wrote into
+    starts, written = [0] * len(states), [-1] * len(states)
     context = getattr(engine, "max_model_len", None)  # the engine's context, where it has one
     active = [i for i, s in enumerate(states) if "rollout_error" not in s.rollout_infos]
     seed = config.seed
@@ -124,20 +134,26 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
         for i, response in zip(active, responses):
             choice = response.choices[0]
             generated = choice.sampled_token_ids()
+            turn_start = len(ids[i]) - prompt_len[i]
             ids[i] = ids[i] + generated
             masks[i] += [1] * len(generated)
             lps[i] += _logprobs(choice) if config.logprobs else []
             turns[i] += 1
             state = states[i]
             if state.messages[-1]["role"] == "assistant":  # the model continued an (edited) answer
+                if len(state.messages) - 1 != written[i]:  # one the environment began: a new message
+                    starts[i] = turn_start
                 state.messages[-1] = {"role": "assistant", "content": state.messages[-1]["content"] + choice.text}
             else:
+                starts[i] = turn_start
                 state.messages.append({"role": "assistant", "content": choice.text})
+            written[i] = len(state.messages) - 1
             texts[i], truncated[i] = state.messages[-1]["content"], choice.finish_reason == "length"
             try:  # the environment's step and its reply rendered: a failure ends this trajectory alone
                 if scheduler.check_finished(state, choice, turns[i]):
                     continue
-                state = scheduler.step(state, choice, turns[i])["infer_request"]
+                result = scheduler.step(state, choice, turns[i])
+                state = result["infer_request"]
                 following = template.encode_continuation(state.messages, state.tools)
                 mask, lp = continued(ids[i], following, prompt_len[i], masks[i], lps[i],
                                      f"multi-turn scheduler {type(scheduler).__name__}")
@@ -147,6 +163,9 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
                 states[i].rollout_infos["rollout_error"] = type(e).__name__
                 truncated[i] = True
                 continue
+            # what else step() returned (ms-swift's keys); a scheduler breaking that contract stops the run
+            mask = _step_result(result, state, mask, turn_start, generated[:len(generated) - (
+                choice.stop_token_id is not None)], f"multi-turn scheduler {type(scheduler).__name__}")
             if state is not states[i]:  # a scheduler that hands back a new request keeps the trajectory's identity
                 state.uid = states[i].uid
             states[i] = state
@@ -166,7 +185,38 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
     _each_trajectory(scheduler.finish, states, "finish")
     return [Trajectory(ids[i][:prompt_len[i]], ids[i][prompt_len[i]:], masks[i], texts[i], truncated[i],
                        states[i].messages, dict(states[i].rollout_infos), turns[i],
-                       lps[i] if config.logprobs else None) for i in range(len(states))]
+                       lps[i] if config.logprobs else None, starts[i]) for i in range(len(states))]
+
+
+def _step_result(result: dict, state: RolloutInferRequest, mask: list[int], turn_start: int, sampled: list[int],
+                 who: str) -> list[int]:
+    """ms-swift's keys of a step() result besides `infer_request`: `rollout_infos` joins the
+    trajectory's; `response_loss_mask` (over `response_token_ids`, which must begin with the tokens
+    sampled this turn) is ANDed with the loss mask of this turn's tokens, so it can take loss away
+    from generated tokens, never give it to the environment's. Returns the loss mask."""
+    if "rollout_logprobs" in result:
+        raise SwiftError(f"{who}: step() returned rollout_logprobs, which this rollout does not read (it keeps the "
+                         "engine's log-probs of the sampled tokens that remain); drop the key")
+    infos = result.get("rollout_infos")
+    if infos is not None:
+        if not isinstance(infos, dict):
+            raise SwiftError(f"{who}: step() returned rollout_infos as {type(infos).__name__}; it must be a dict")
+        state.rollout_infos.update(infos)
+    token_ids, loss = result.get("response_token_ids"), result.get("response_loss_mask")
+    if loss is not None and token_ids is None:
+        raise SwiftError(f"{who}: step() returned response_loss_mask without response_token_ids (its tokens)")
+    if token_ids is None:
+        return mask
+    if list(token_ids[:len(sampled)]) != sampled:
+        raise SwiftError(f"{who}: step() returned response_token_ids that do not begin with the tokens sampled this "
+                         "turn; this rollout trains on the sampled tokens (return them first, or drop the key)")
+    if loss is None:
+        return mask
+    if len(loss) != len(token_ids):
+        raise SwiftError(f"{who}: step() returned {len(loss)} response_loss_mask values for {len(token_ids)} "
+                         "response_token_ids")
+    end = min(turn_start + len(loss), len(mask))
+    return mask[:turn_start] + [m if x else 0 for m, x in zip(mask[turn_start:end], loss)] + mask[end:]
 
 
 def continued(ids: list[int], following: list[int], prompt_len: int, mask: list[int], logprobs: list[float],
@@ -196,9 +246,16 @@ def rollout(engine: InferEngine, template: Template, requests: list[RolloutInfer
     """n trajectories per request, request-major. An engine that runs whole rollouts itself (a
     `swift rollout` server, whose scheduler runs server-side) is handed the requests as they are.
     `control` (a rollout server's job): its deadline or cancellation stops the rollout between
-    decode steps with JobStopped."""
+    decode steps with JobStopped. The template's `loss_scale` decides which generated tokens of a
+    multi-turn trajectory (this process's or the server's) carry loss: `default` every turn's,
+    `last_round` the final assistant message's."""
     if hasattr(engine, "rollout"):
-        return engine.rollout(requests, config, n, max_completion_length=max_completion_length)
-    if scheduler is None:
+        out = engine.rollout(requests, config, n, max_completion_length=max_completion_length)
+    elif scheduler is None:
         return single_turn(engine, template, requests, config, n, control)
-    return multi_turn(engine, template, requests, config, n, scheduler, max_completion_length, control)
+    else:
+        out = multi_turn(engine, template, requests, config, n, scheduler, max_completion_length, control)
+    if template.loss_scale == "last_round":  # as ms-swift: the final assistant message alone carries loss
+        for t in out:
+            t.loss_mask = [0] * min(t.last_round, len(t.loss_mask)) + t.loss_mask[t.last_round:]
+    return out

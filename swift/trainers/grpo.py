@@ -187,7 +187,9 @@ class GRPOTrainer(RLHFTrainer):
                                      num_items_in_batch)
 
     def loss_and_metrics(self, model, inputs):
-        terms, info, entropies, metrics = self._policy_objective(model, inputs, self.rlhf_args.beta)
+        a = self.rlhf_args
+        # --kl_in_reward: β·KL was subtracted from the rewards (`Rollout.__call__`), not a loss term
+        terms, info, entropies, metrics = self._policy_objective(model, inputs, 0.0 if a.kl_in_reward else a.beta)
         mask = inputs["loss_mask"]
         tokens = mask.sum().clamp(min=1)
 

@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 from swift.infer.protocol import RequestConfig
+from swift.rewards.manager import whole_conversations
 from swift.rewards.process import process_advantages
-from swift.rlhf.grpo import compute_advantages
+from swift.rlhf.grpo import compute_advantages, nanstd
 from swift.rollout.multi_turn import RolloutInferRequest
 from swift.rollout.runner import Trajectory, rollout
 from swift.rollout.trl_rollout_func import RolloutFunc
@@ -144,10 +145,12 @@ class Rollout:
         columns: dict[str, list] = {}
         for key in rows[0]["columns"]:
             columns[key] = [r["columns"].get(key) for r in rows]
-        columns["messages"] = [r["messages"] for r in rows]
-        columns["trajectory_messages"] = [t.messages for t in trajectories]  # the whole conversation, every turn
         for key in {k for t in trajectories for k in t.rollout_infos}:
             columns[key] = [t.rollout_infos.get(key) for t in trajectories]
+        columns["messages"] = [r["messages"] for r in rows]
+        columns["trajectory_messages"] = [t.messages for t in trajectories]  # the whole conversation, every turn
+        columns = whole_conversations([t.text for t in trajectories], columns)  # `messages`: as ms-swift's
+        columns["rollout_infos"] = [dict(t.rollout_infos) for t in trajectories]  # ms-swift's: one dict per row
         columns["response_token_ids"] = [[t for t, m in zip(x.completion_ids, x.loss_mask) if m] for x in trajectories]
         columns["prompt_texts"] = [self.trainer.processing_class.decode(t.prompt_ids) for t in trajectories]
         metrics = self.trainer._metrics["train"]
@@ -162,7 +165,8 @@ class Rollout:
         rewards, per_func = self.score(prompts, trajectories, n)
         if a.dynamic_sample:  # DAPO: groups whose rewards are all equal teach nothing; sample them again
             for _ in range(a.max_resample_times):
-                flat = rewards.view(-1, n).std(dim=1) if n > 1 else torch.zeros(len(prompts))
+                # a group with an unscored (NaN) row counts by its scored rows (before 2026-11-30: never)
+                flat = nanstd(rewards.view(-1, n), dim=1).squeeze(1)
                 again = [i for i, s in enumerate(flat.tolist()) if s == 0]
                 if not again:
                     break
@@ -206,10 +210,23 @@ class Rollout:
         if not scored.all():
             logger.warning(f"{int((~scored).sum())} of {len(trajectories)} completions got no reward (every reward "
                            "function returned None); they are left out of the loss")
-        micro = self._micro_batches(trajectories, scored, stale or self.always_old_logps)
-        advantages = self.assign_advantages(micro, rewards, trajectories, steps)
+        kl_in_reward = bool(self.a.kl_in_reward and self.a.beta)
+        micro = self._micro_batches(trajectories, scored, stale or self.always_old_logps or kl_in_reward)
+        shaped = self._minus_kl(micro, rewards) if kl_in_reward else rewards
+        advantages = self.assign_advantages(micro, shaped, trajectories, steps)
         self._log(prompts, trajectories, rewards, per_func, advantages)
         return RolloutBatch(prompts, trajectories, rewards, per_func, advantages, micro)
+
+    def _minus_kl(self, micro: list[dict], rewards: torch.Tensor) -> torch.Tensor:
+        """--kl_in_reward (ms-swift's default for rloo and reinforce_plus_plus): each completion's
+        reward less β × its KL to the reference, the sum over its tokens of log π_old − log π_ref
+        (the loss then has no KL term); logs `kl`, the per-token mean over every rank's tokens."""
+        kl = torch.cat([((b["old_logps"] - b["ref_logps"]).float() * b["loss_mask"].to(b["old_logps"].device))
+                        .sum(-1).cpu() for b in micro])
+        tokens = sum(b["loss_mask"].sum().item() for b in micro)
+        total = self.global_sum(torch.tensor([kl.sum().item(), tokens], dtype=torch.float64))
+        self.trainer._metrics["train"]["kl"].append((total[0] / total[1].clamp(min=1)).item())
+        return rewards - self.a.beta * kl
 
     def _micro_batches(self, trajectories: list[Trajectory], scored: torch.Tensor, stale: bool):
         t, rows = self.trainer, self.args.per_device_train_batch_size

@@ -40,13 +40,18 @@ def rollout_metrics(rewards: torch.Tensor, per_func: list[list[float]], names: l
 def write_completions(path: str, step: int, prompts: list[dict], trajectories, rewards: torch.Tensor,
                       advantages: torch.Tensor, names: list[str], per_func: list[list[float]],
                       num_generations: int) -> None:
-    """One jsonl record per completion: prompt, completion, reward, advantage and each function's reward."""
+    """One jsonl record per completion: prompt, completion, reward, advantage and each function's reward
+    (null where unscored: NaN is not JSON)."""
     with open(path, "a") as f:
         for i, t in enumerate(trajectories):
             record = {"step": step, "prompt": prompts[i // num_generations]["messages"], "completion": t.text,
-                      "reward": rewards[i].item(), "advantage": advantages[i].item(),
-                      **{f"rewards/{name}": values[i] for name, values in zip(names, per_func)}}
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                      "reward": _number(rewards[i].item()), "advantage": _number(advantages[i].item()),
+                      **{f"rewards/{name}": _number(values[i]) for name, values in zip(names, per_func)}}
+            f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def _number(value):
+    return None if value is None or value != value else value
 
 
 def eval_metrics(rewards: torch.Tensor, per_func: list[list[float]], names: list[str], trajectories,

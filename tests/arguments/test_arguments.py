@@ -96,7 +96,7 @@ def test_args_json_round_trip(tmp_path):
 def test_vllm_server_base_url_sets_host_and_port():
     from swift.arguments.rlhf import RLHFArguments
 
-    a = RLHFArguments(model="m", dataset=["d"], rlhf_type="grpo", reward_funcs=["accuracy"],
+    a = RLHFArguments(model="m", dataset=["d"], rlhf_type="grpo", reward_funcs=["accuracy"], rollout_mode="server",
                       vllm_server_base_url="http://10.0.0.5:8123")
     assert (a.vllm_server_host, a.vllm_server_port) == ("10.0.0.5", 8123)
     with pytest.raises(SwiftError, match="must look like http://HOST:PORT"):

@@ -241,7 +241,9 @@ def test_grpo_overrides_map_onto_our_flags_with_verls_batch_meaning():
     steps_per_rollout = a.steps_per_generation // a.gradient_accumulation_steps * a.num_iterations
     assert steps_per_rollout == 2 * 2  # two mini-batches, two epochs
     assert (a.max_steps, a.save_steps, a.eval_steps) == (3 * 4, 2 * 4, 1 * 4)  # verl counts rollout batches
+    # verl's KL loss stays a loss term with rloo too (ms-swift's rloo would subtract it from the rewards)
     assert (a.advantage_estimator, a.num_generations, a.beta, a.kl_estimator) == ("rloo", 4, 0.001, "k2")
+    assert a.kl_in_reward is False
     assert (a.epsilon, a.epsilon_high, a.loss_type, a.learning_rate) == (0.2, 0.28, ["grpo"], 1e-6)
     assert (a.temperature, a.top_p, a.use_vllm, a.vllm_gpu_memory_utilization, a.max_completion_length) == \
         (0.7, 0.9, True, 0.6, 16)
@@ -253,6 +255,7 @@ def test_grpo_overrides_map_onto_our_flags_with_verls_batch_meaning():
 
 @pytest.mark.parametrize("overrides,expected", [
     (["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=false"], {"scale_rewards": "none"}),
+    (["algorithm.adv_estimator=rloo", f"{A}use_kl_loss=false"], {"advantage_estimator": "rloo", "beta": 0}),
     (["algorithm.adv_estimator=reinforce_plus_plus"], {"advantage_estimator": "reinforce"}),
     (["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
      {"advantage_estimator": "reinforce_baseline", "scale_rewards": "batch"}),

@@ -127,6 +127,16 @@ def test_grpo_with_rows_that_carry_no_loss_does_not_depend_on_gradient_accumulat
 
 
 
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_plus_plus"])
+def test_kl_in_the_reward_does_not_depend_on_gradient_accumulation(tmp_path, tiny, estimator):
+    # --kl_in_reward (these estimators' default): a reference that differs from the policy, so each
+    # completion's KL is not 0, and a row without reward; the KL is taken off each row's reward
+    # before the group's advantages, not per micro-batch
+    ref = save_perturbed(tiny, tmp_path / "ref")
+    assert_same(tmp_path, "grpo", 8, 2, *UNSCORED, "--num_generations", "4", "--max_completion_length", "6",
+                "--temperature", "1.0", "--advantage_estimator", estimator, "--beta", "0.5", "--ref_model", ref)
+
+
 PLUGINS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
                        "plugins")
 

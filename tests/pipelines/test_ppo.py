@@ -214,6 +214,7 @@ def test_openrlhf_names_map_onto_ours():
                                    "--rollout.n_samples_per_prompt=2", "--reward.remote_url", "r.py",
                                    "--algo.kl.init_coef", "0.01"])
     assert (a.advantage_estimator, a.num_generations, a.reward_funcs, a.beta) == ("rloo", 2, ["r.py"], 0.01)
+    assert a.kl_in_reward  # OpenRLHF's rloo, as ms-swift's, subtracts the KL from the reward
     a = parse_args(RLHFArguments, [*base, "--rlhf_type", "ppo", "--init_kl_coef", "0.01", "--num_ppo_epochs", "2",
                                    "--cliprange", "0.1"])
     assert (a.beta, a.num_iterations, a.epsilon, a.num_generations, a.kl_estimator, a.loss_type) == \

@@ -74,7 +74,7 @@ def test_trl_reward_on_a_standard_dataset_gets_text_prompts_and_completions(tmp_
     logged = completions_of(tmp_path)
     assert sorted(r["completion"] for r in logged) == sorted(call["completions"])
     scores = [r["rewards/length_reward"] for r in logged]
-    assert sorted(v for v in scores if v == v) == sorted(float(len(c)) for c in call["completions"][1:])
+    assert sorted(v for v in scores if v is not None and v == v) == sorted(float(len(c)) for c in call["completions"][1:])
 
 
 def test_trl_reward_by_dotted_path_on_a_conversational_dataset(tmp_path, recorder):

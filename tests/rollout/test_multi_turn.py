@@ -1,5 +1,6 @@
 """Multi-turn rollouts with a scripted engine: per-turn loss masks, the built-in schedulers, a user
 scheduler plugin, and an OpenRLHF AgentInstance."""
+import logging
 import textwrap
 from dataclasses import replace
 
@@ -54,7 +55,8 @@ def test_single_turn_is_all_generated(tokenizer):
 
 
 def test_gym_environment_masks_observations(tokenizer):
-    template = get_template("chatml", tokenizer)
+    """Under --loss_scale default every generated turn carries loss (last_round: tests/rollout/test_loss_scale.py)."""
+    template = get_template("chatml", tokenizer, loss_scale="default")
     engine = ScriptedEngine(tokenizer, ["40", "60", "52"])
     scheduler = build_scheduler("gym", max_turns=5, env="guess_number")
     request = RolloutInferRequest([{"role": "user", "content": "guess"}], {"solution": "52"})
@@ -326,3 +328,87 @@ def test_an_environments_nan_travels_as_null_and_fails_no_reply():
     jsonlib.dumps(reply, allow_nan=False)  # raises on any NaN or inf left
     assert reply["rollout_infos"] == {"reward": None, "steps": [1.0, None], "env": {"score": None, "ok": 2.5}}
     assert reply["logprobs"] == [None] and reply["finish_reason"] == "stop"
+
+
+class ToolCall(MultiTurnScheduler):
+    """As ms-swift's ToolCallScheduler (examples/train/grpo/plugin/plugin.py): the tool's result is
+    appended to the answer, and step() returns the turn's tokens with their loss mask and its
+    rollout_infos; `hide` masks the whole first answer, `extra` adds keys to the result."""
+
+    def __init__(self, tokenizer, hide=False, extra=None):
+        super().__init__(max_turns=2)
+        self.tokenizer, self.hide, self.extra = tokenizer, hide, extra or {}
+
+    def step(self, infer_request, response_choice, current_turn):
+        token_ids = response_choice.token_ids
+        loss_mask = [0 if self.hide else 1] * len(token_ids)
+        infer_request.messages[-1]["content"] += " = 4"
+        result_tokens = self.tokenizer.encode(" = 4", add_special_tokens=False)
+        token_ids.extend(result_tokens)
+        loss_mask.extend([1] * len(result_tokens))  # loss on the tool's tokens is asked for, and not given
+        return {"infer_request": infer_request, "response_token_ids": token_ids, "response_loss_mask": loss_mask,
+                "rollout_infos": {"tool_results": "4", "num_turns": current_turn}, **self.extra}
+
+
+def tool_rollout(tokenizer, scheduler):
+    engine = ScriptedEngine(tokenizer, ["2+2", " so 4"])
+    request = RolloutInferRequest([{"role": "user", "content": "2+2?"}])
+    t, = rollout(engine, get_template("chatml", tokenizer), [request], RequestConfig(max_tokens=8), 1,
+                 scheduler=scheduler, max_completion_length=64)
+    return t
+
+
+def test_an_ms_swift_schedulers_step_keys_are_read(tokenizer):
+    """step()'s rollout_infos join the trajectory's, and its response_loss_mask is ANDed with the
+    mask of the turn's tokens (before 2026-11-30 both were dropped: only infer_request was read)."""
+    shown = tool_rollout(tokenizer, ToolCall(tokenizer))
+    assert shown.rollout_infos == {"tool_results": "4", "num_turns": 1} and shown.turns == 2
+    assert shown.text == "2+2 = 4 so 4"
+    assert generated_text(tokenizer, shown) == "2+2 so 4<|im_end|>"  # the tool's tokens carry no loss
+    hidden = tool_rollout(tokenizer, ToolCall(tokenizer, hide=True))
+    assert hidden.completion_ids == shown.completion_ids
+    assert generated_text(tokenizer, hidden) == " so 4<|im_end|>"
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"rollout_logprobs": [0.0]}, r"^multi-turn scheduler ToolCall: step\(\) returned rollout_logprobs"),
+    ({"response_token_ids": [1, 2, 3]}, r"^multi-turn scheduler ToolCall: step\(\) returned response_token_ids that do "
+                                        "not begin with the tokens sampled"),
+    ({"response_loss_mask": [1]}, r"^multi-turn scheduler ToolCall: step\(\) returned 1 response_loss_mask values for"),
+    ({"rollout_infos": ["x"]}, r"^multi-turn scheduler ToolCall: step\(\) returned rollout_infos as list"),
+])
+def test_step_keys_this_rollout_cannot_honour_are_refused(tokenizer, extra, message):
+    with pytest.raises(SwiftError, match=message):
+        tool_rollout(tokenizer, ToolCall(tokenizer, extra=extra))
+
+
+def test_a_release_that_fails_loses_no_trajectory(tokenizer):
+    """One trajectory's release() raising: every trajectory is still returned and the failure is
+    logged (before 2026-11-30 the exception escaped the rollout and the whole batch was lost)."""
+
+    class Leaky(MultiTurnScheduler):
+        released = []
+
+        def release(self, infer_request):
+            if infer_request.data_dict["solution"] == "bad":
+                raise RuntimeError("the sandbox is gone")
+            self.released.append(infer_request.uid)
+
+        def step(self, infer_request, response_choice, current_turn):
+            infer_request.messages.append({"role": "user", "content": "again"})
+            return {"infer_request": infer_request}
+
+    engine = ScriptedEngine(tokenizer, ["1", "2", "3", "4"])
+    requests = [RolloutInferRequest([{"role": "user", "content": "go"}], {"solution": s}) for s in ("bad", "ok")]
+    scheduler = Leaky(max_turns=2)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("swift").addHandler(handler)
+    try:
+        out = rollout(engine, get_template("chatml", tokenizer), requests, RequestConfig(max_tokens=8), 1,
+                      scheduler=scheduler, max_completion_length=32)
+    finally:
+        logging.getLogger("swift").removeHandler(handler)
+    assert [t.turns for t in out] == [2, 2] and len(scheduler.released) == 1
+    assert any("failed to release a trajectory: RuntimeError: the sandbox is gone" in r.getMessage() for r in records)

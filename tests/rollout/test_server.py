@@ -193,6 +193,12 @@ def grpo_server_argv(out, port, *extra):
                       "--vllm_server_port", str(port), *extra)
 
 
+def colocated(argv: list[str]) -> list[str]:
+    """The same run without a rollout server: no --vllm_server_port (refused there: nothing reads it)."""
+    i = argv.index("--vllm_server_port")
+    return argv[:i] + argv[i + 2:]
+
+
 def digit_reward(completions, **kwargs):
     """Varies between prompts even for the untrained model's greedy answers: digits count double."""
     return [(len(set(c)) + sum(ch.isdigit() for ch in c)) / max(len(c), 1) for c in completions]
@@ -207,7 +213,7 @@ def curves(out):
 def test_grpo_server_mode_matches_colocate(server, tmp_path):
     """Greedy rollouts (with a batch baseline, so they still carry a signal): the rewards and losses of
     server mode equal colocate mode's, step by step, over several weight syncs."""
-    rlhf_main(grpo_server_argv(tmp_path / "colocate", port_of(server), "--max_steps", "4"))
+    rlhf_main(colocated(grpo_server_argv(tmp_path / "colocate", port_of(server), "--max_steps", "4")))
     rlhf_main(grpo_server_argv(tmp_path / "server", port_of(server), "--max_steps", "4", "--rollout_mode", "server"))
     rewards_c, loss_c = curves(tmp_path / "colocate")
     rewards_s, loss_s = curves(tmp_path / "server")
@@ -227,7 +233,7 @@ def ppo_server_argv(out, port, *extra):
 def test_ppo_server_mode_matches_colocate(server, tmp_path):
     """PPO on the same loop: its greedy rollouts come from the server after each weight sync, and its
     rewards and losses (policy and critic) equal colocate mode's."""
-    rlhf_main(ppo_server_argv(tmp_path / "colocate", port_of(server)))
+    rlhf_main(colocated(ppo_server_argv(tmp_path / "colocate", port_of(server))))
     rlhf_main(ppo_server_argv(tmp_path / "server", port_of(server), "--rollout_mode", "server"))
     rewards_c, loss_c = curves(tmp_path / "colocate")
     rewards_s, loss_s = curves(tmp_path / "server")
