@@ -68,7 +68,8 @@ def refuse_vllm_flags(args, backend: str) -> None:
         import dataclasses
 
         read = {f.name for f in dataclasses.fields(EngineArguments) if not f.name.startswith("vllm_")}
-        args.refuse_unread(("engine_args",), read, f"is read by the vllm engine only (this run uses {backend})")
+        args.refuse_unread(("engine_args",), read, f"is read by the vllm engine only (this run uses {backend}; "
+                                                   "--infer_backend vllm, or --sampler_engine vllm in swift sample)")
 
 
 def named_adapters(specs: list[str], flag: str = "--adapters") -> dict[str, str]:

@@ -166,7 +166,8 @@ class OnlineFlags:
                 "reinforce_baseline of the centred rewards, as ms-swift and OpenRLHF compute them."})
     importance_sampling_level: str = field(default="token", metadata={"help": "grpo: token, or sequence (GSPO)."})
     kl_estimator: str | None = field(default=None, metadata={
-        "help": "KL estimator k1, k2 or k3, weighted by --beta (grpo default k3, in the loss; ppo k1, in the reward)."})
+        "help": "KL estimator k1, k2 or k3, weighted by --beta (grpo default k3, in the loss; ppo k1, in the reward; "
+                "not read with --kl_in_reward true, which takes the summed k1 off each reward)."})
     top_entropy_quantile: float = field(default=1.0, metadata={
         "help": "grpo: train only on this top fraction of completion tokens by entropy (1.0 = all)."})
     dynamic_sample: bool = field(default=False, metadata={

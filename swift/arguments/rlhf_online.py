@@ -47,10 +47,13 @@ def refuse_unread_online(a) -> None:
             raise SwiftError(f"{flag} does nothing with --beta 0: there is no KL term, so no reference model is "
                              "loaded; give --beta > 0 or drop it")
     if "kl_in_reward" in algo.flags:
-        if a.kl_in_reward is None:  # ms-swift's default
-            a.kl_in_reward = a.advantage_estimator in KL_IN_REWARD_ESTIMATORS
+        if a.kl_in_reward is None:  # ms-swift's default (false without a KL: args.json's value stays valid)
+            a.kl_in_reward = a.advantage_estimator in KL_IN_REWARD_ESTIMATORS and bool(a.beta)
         elif a.kl_in_reward and not a.beta:
             raise SwiftError("--kl_in_reward true does nothing with --beta 0: there is no KL to subtract")
+        if a.kl_in_reward and _given(a, "kl_estimator"):
+            raise SwiftError("--kl_estimator does nothing with --kl_in_reward true: the KL taken off each reward is "
+                             "the sum of log π_old − log π_ref over the completion's tokens (as ms-swift's)")
     if not a.dynamic_sample and _given(a, "max_resample_times"):
         raise SwiftError("--max_resample_times does nothing without --dynamic_sample true")
     flag = _given(a, "rollout_importance_sampling_mode", "rollout_importance_sampling_threshold")

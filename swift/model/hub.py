@@ -9,11 +9,15 @@ from swift.utils.registry import SwiftError
 # an HF checkpoint's weight files: an upload that has any replaces all of them in the repo, since a stale one
 # would load (transformers takes model.safetensors before an index, PEFT safetensors before .bin). GGUF files
 # are picked by name, so a repo keeps its other quantizations.
-WEIGHT_PATTERNS = ["*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json"]
+# The names transformers and PEFT load at the repo's top level (a `*` pattern would also match files
+# in subfolders, such as another quantization kept there).
+WEIGHT_PATTERNS = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                   "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json", "adapter_model.safetensors",
+                   "adapter_model.bin"]
 
 
 def _is_weight(path: str) -> bool:
-    return any(fnmatch.fnmatch(path, p) for p in WEIGHT_PATTERNS)
+    return "/" not in path and any(fnmatch.fnmatch(path, p) for p in WEIGHT_PATTERNS)
 
 
 def snapshot_download(repo_id: str, *, use_hf: bool, revision: str | None = None, repo_type: str = "model") -> str:

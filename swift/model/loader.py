@@ -213,9 +213,14 @@ def load_model(
     else:
         hf_model = auto_cls.from_pretrained(model_dir, config=config, dtype=dtype, **kwargs)
     rows = getattr(hf_model.get_input_embeddings(), "num_embeddings", None)  # whole even under ZeRO-3
-    if rows is not None and len(tokenizer) > rows:
-        raise SwiftError(f"--model {model}: its tokenizer has {len(tokenizer)} tokens but the model's embedding only "
-                         f"{rows} rows (a tokenizer from another model?)")
+    if rows is not None and tokenizer.vocab_size > rows:
+        raise SwiftError(f"--model {model}: its tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
+                         f"only {rows} rows (a tokenizer from another model?)")
+    if rows is not None and len(tokenizer) > rows:  # added tokens only: Gemma-3's <image_soft_token>, CodeLlama's
+        beyond = [t for t, i in tokenizer.get_added_vocab().items() if i >= rows]
+        logger.warning(f"--model {model}: {len(beyond)} added token(s) of its tokenizer have no embedding row "
+                       f"({', '.join(beyond[:5])}{', ...' if len(beyond) > 5 else ''}); a text holding one cannot "
+                       "be used with this model")
     if device is not None:
         hf_model.to(device)
     info = ModelInfo(model_id=model, model_dir=model_dir, model_type=config.model_type,

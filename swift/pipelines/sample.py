@@ -274,7 +274,11 @@ class Scorer:
         None — or None without --orm_model)."""
         n = len(answers)
         cols = {k: [v] * n for k, v in columns.items()}
-        outcome = self.orm(answers, {**cols, "messages": [messages] * n})[1][0] if self.orm else None
+        from swift.rewards.manager import whole_conversations
+
+        # ms-swift's columns: `messages` the conversation with the answer last, the prompt as `prompt_messages`
+        outcome = self.orm(answers, whole_conversations(answers, {**cols, "messages": [messages] * n}))[1][0] \
+            if self.orm else None
         totals = [0.0] * n
         if outcome:
             totals = [t + o for t, o in zip(totals, outcome)]

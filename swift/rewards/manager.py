@@ -175,8 +175,8 @@ def whole_conversations(completions: list[str], columns: dict[str, list]) -> dic
     """The columns as ms-swift's GRPO hands them to reward functions (the online trainer's, before the
     manager): `messages` the whole conversation with the answer last (`messages[-1]["content"]`), from
     `messages` (the prompts) and, for a multi-turn rollout, `trajectory_messages` (cut after its last
-    assistant message); the prompts stay as `prompt_messages`. `swift sample` and `swift attack` hand
-    the manager the prompts as `messages`, as before."""
+    assistant message); the prompts stay as `prompt_messages`. The trainer, `swift sample` and
+    `swift attack` all hand reward functions these columns."""
     prompts = columns.get("messages")
     if prompts is None or "prompt_messages" in columns:
         return columns

@@ -244,7 +244,10 @@ class RewardJudge:
                                                         reward_model_url=a.reward_model_url))
 
     def __call__(self, messages: list[dict], answers: list[str]) -> list[float]:
-        totals, _ = self.manager(answers, {"messages": [messages] * len(answers)})
+        from swift.rewards.manager import whole_conversations
+
+        # ms-swift's columns: `messages` the conversation with the answer last, the prompt as `prompt_messages`
+        totals, _ = self.manager(answers, whole_conversations(answers, {"messages": [messages] * len(answers)}))
         return totals
 
 

@@ -28,13 +28,13 @@ class FormatTemplate(Template):
     assistant_sep = ""  # after the end token; no loss
     generation_prompt = ""
     renders_tools = False
-    control_tokens: tuple[str, ...] = ()  # each must be one special token of the tokenizer
+    control_tokens: tuple[str, ...] = ()  # each must be one added (or special) token of the tokenizer
 
     def __init__(self, tokenizer, **kwargs):
         super().__init__(tokenizer, **kwargs)
         for token in self.control_tokens:  # else it is text pieces, and generation never stops at the turn's end
             if self._special_id(token) is None:
-                raise SwiftError(f"--template {self.name}: {token} is not a special token of this tokenizer, so the "
+                raise SwiftError(f"--template {self.name}: {token} is not one token of this tokenizer, so the "
                                  "model was not trained on this template; pass --template jinja (the model's own) "
                                  "or its family's template")
 
@@ -68,11 +68,11 @@ class FormatTemplate(Template):
         return set() if token is None else {token}
 
     def _special_id(self, text: str) -> int | None:
-        """The id of `text` when it is one special token of the tokenizer."""
+        """The id of `text` when it is one control token of the tokenizer: a special token or an added
+        one (a fine-tune's `add_tokens` marks them non-special; they are still one id)."""
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        special = set(self.tokenizer.all_special_ids) | {
-            i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
-        return ids[0] if len(ids) == 1 and ids[0] in special else None
+        control = set(self.tokenizer.all_special_ids) | set(self.tokenizer.added_tokens_decoder)
+        return ids[0] if len(ids) == 1 and ids[0] in control else None
 
     def turn(self, messages: list[dict], i: int) -> tuple[str, str, str]:
         """(text before, text with loss, text after) of message i; only an assistant's middle part has loss."""

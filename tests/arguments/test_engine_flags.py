@@ -26,7 +26,7 @@ VLLM_FLAGS = [["--vllm_max_model_len", "256"], ["--vllm_enforce_eager", "true"],
 @pytest.mark.parametrize("flag", VLLM_FLAGS, ids=lambda f: f[0])
 def test_vllm_flags_are_refused_with_the_transformers_engine(command, flag):
     cls, extra = COMMANDS[command]
-    with pytest.raises(SwiftError, match=f"^{flag[0]} is read by the vllm engine only \\(this run uses transformers\\)"):
+    with pytest.raises(SwiftError, match=f"^{flag[0]} is read by the vllm engine only \\(this run uses transformers; --infer_backend vllm"):
         resolve_args(cls, ["--model", "tiny", *extra, *flag], f"swift {command}")
 
 

@@ -658,7 +658,8 @@ def test_a_modelscope_upload_deletes_the_repos_stale_weight_files(tmp_path, monk
                  "model.safetensors.index.json", "config.json"):
         (tmp_path / name).write_text("x")
     assert push_to_hub(str(tmp_path), "me/m", use_hf=False, files=sorted(os.listdir(tmp_path))) == "url"
-    assert calls[-1] == ("delete", ["model.safetensors", "sub/pytorch_model.bin"])
+    # the repo's top-level weight files only: a subfolder (another quantization kept there) stays
+    assert calls[-1] == ("delete", ["model.safetensors"])
     calls.clear()
     (tmp_path / "only.gguf").write_text("x")  # no weight files of a checkpoint uploaded: nothing is deleted
     push_to_hub(str(tmp_path), "me/m", use_hf=False, files=["only.gguf"])

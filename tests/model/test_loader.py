@@ -83,20 +83,38 @@ def test_a_folder_without_tokenizer_files_is_refused_in_one_line(tiny_dir, tmp_p
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused(tiny_dir, tmp_path):
-    """(before 2026-11-30 an IndexError traceback in the middle of training); a tokenizer smaller than
-    the embedding, as many real models have, loads."""
+    """A tokenizer whose own vocabulary is larger than the embedding (from another model) is refused
+    (before 2026-11-30 an IndexError traceback in the middle of training); added tokens beyond it,
+    as Gemma-3 (<image_soft_token>) and CodeLlama-34b ship, are named in a warning and the model
+    loads; a tokenizer smaller than the embedding, as many real models have, loads."""
     import shutil
 
     from transformers import AutoTokenizer
 
-    big = tmp_path / "big"
-    shutil.copytree(tiny_dir, big)
-    tokenizer = AutoTokenizer.from_pretrained(big)
+    model, tokenizer, _ = load_model(tiny_dir)
+    small = tmp_path / "small"
+    model.resize_token_embeddings(1024)
+    model.save_pretrained(small)
+    tokenizer.save_pretrained(small)
+    with pytest.raises(SwiftError, match=f"^--model {small}: its tokenizer has {tokenizer.vocab_size} tokens but "
+                                         "the model's embedding only 1024 rows"):
+        load_model(str(small))
+    added = tmp_path / "added"
+    shutil.copytree(tiny_dir, added)
+    tokenizer = AutoTokenizer.from_pretrained(added)
     tokenizer.add_tokens([f"<extra_{i}>" for i in range(100)])
-    tokenizer.save_pretrained(big)
-    with pytest.raises(SwiftError, match=f"^--model {big}: its tokenizer has 2148 tokens but the model's embedding "
-                                         "only 2048 rows"):
-        load_model(str(big))
+    tokenizer.save_pretrained(added)
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("swift").addHandler(handler)
+    try:
+        load_model(str(added))
+    finally:
+        logging.getLogger("swift").removeHandler(handler)
+    assert any("100 added token(s) of its tokenizer have no embedding row (<extra_0>" in r.getMessage() for r in records)
     model, tokenizer, _ = load_model(tiny_dir)
     model.resize_token_embeddings(2112)
     model.save_pretrained(tmp_path / "padded")

@@ -54,7 +54,9 @@ def test_num_iterations_reuses_each_rollout(tmp_path):
 
 @pytest.mark.parametrize("extra", [
     ["--tuner_type", "full", "--loss_type", "dapo", "--importance_sampling_level", "sequence", "--epsilon_high", "0.28"],
-    ["--loss_type", "dr_grpo", "--advantage_estimator", "rloo", "--top_entropy_quantile", "0.5", "--kl_estimator", "k1"],
+    ["--loss_type", "dr_grpo", "--advantage_estimator", "rloo", "--top_entropy_quantile", "0.5", "--kl_estimator", "k1",
+     "--kl_in_reward", "false"],
+    ["--advantage_estimator", "rloo"],  # the KL in the reward (its default)
     ["--loss_type", "bnpo", "--advantage_estimator", "reinforce_plus_plus", "--dynamic_sample", "true",
      "--max_resample_times", "2", "--overlong_filter", "true", "--scale_rewards", "batch"],
 ])

@@ -24,6 +24,14 @@ def test_the_default_follows_ms_swift(tmp_path, estimator, default):
     assert grpo(tmp_path, "--advantage_estimator", estimator).kl_in_reward is default
 
 
+def test_without_a_kl_the_default_is_false_and_args_json_repeats_the_run(tmp_path):
+    """--beta 0: nothing to subtract; the value args.json records parses again (`--config`)."""
+    a = grpo(tmp_path, "--advantage_estimator", "rloo", "--beta", "0")
+    assert a.kl_in_reward is False
+    again = grpo(tmp_path, "--advantage_estimator", "rloo", "--beta", "0", "--kl_in_reward", str(a.kl_in_reward))
+    assert again.kl_in_reward is False and again.beta == 0
+
+
 def test_the_advantages_take_each_completions_kl_off_its_reward(tmp_path, tiny, monkeypatch):
     ref_dir = save_perturbed(tiny, tmp_path / "ref", scale=0.2)
     trainer = RLHFPipeline(grpo(tmp_path, "--advantage_estimator", "rloo", "--beta", "0.5", "--ref_model",
@@ -78,6 +86,8 @@ def test_refused_where_it_does_nothing(tmp_path):
 
     with pytest.raises(SwiftError, match="^--kl_in_reward true does nothing with --beta 0"):
         grpo(tmp_path, "--kl_in_reward", "true", "--beta", "0")
+    with pytest.raises(SwiftError, match="^--kl_estimator does nothing with --kl_in_reward true"):
+        grpo(tmp_path, "--advantage_estimator", "rloo", "--kl_estimator", "k1")
     with pytest.raises(SwiftError, match="^--kl_in_reward"):
         resolve_args(RLHFArguments, train_argv(tmp_path, "--rlhf_type", "ppo", "--dataset", "builtin:arith-sft#8",
                                                "--reward_funcs", "accuracy", "--kl_in_reward", "true"), "swift rlhf")

@@ -71,11 +71,13 @@ def test_success_rate_on_fixed_answers_for_both_criteria(canned, targets, tmp_pa
     assert reward["asr"] == pytest.approx(2 / 3)
     rows = [json.loads(line) for line in open(f"{reward['run_dir']}/results.jsonl")]
     assert [r["rewards"] for r in rows] == [[1.0, -1.0], [-1.0, -1.0], [1.0, 1.0]]
-    assert all(m[-1]["content"] == r["goal"] + r["suffix"] for m, r in zip(SEEN[::2], rows))
+    # ms-swift's columns: the conversation with the answer last (before 2026-11-30 the prompt alone)
+    assert all(m[-2]["content"] == r["goal"] + r["suffix"] for m, r in zip(SEEN[::2], rows))
+    assert [m[-1]["content"] for m in SEEN] == [x for answers in ANSWERS.values() for x in answers]
     SEEN.clear()
     run(targets, tmp_path, "--atk_success_criteria", "reward", "--reward_funcs", "tests.safety.test_attack:Recorder",
         "--reward_threshold", "0", "--rm_exclude_adv_suffix", "true")
-    assert [m[-1]["content"] for m in SEEN[::2]] == list(ANSWERS)
+    assert [m[-2]["content"] for m in SEEN[::2]] == list(ANSWERS)
     for name in ("summary.json", "summary.md", "attack.png", "run.json"):
         assert len(list((tmp_path / "runs").glob(f"*/{name}"))) == 3, name
 

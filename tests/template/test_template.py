@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 
 from swift.template import IGNORE_INDEX, RowError, get_template, infer_template
@@ -52,9 +54,13 @@ def test_a_format_template_needs_its_control_tokens_to_be_special_tokens(tokeniz
     """Before 2026-11-30 `--template llama3` on another vocabulary (here ChatML's) encoded
     `<|eot_id|>` as text pieces: end_of_turn_ids() was empty and generation never stopped at the end
     of a turn. ChatML's own tokens are special tokens of this tokenizer."""
-    with pytest.raises(SwiftError, match=f"^--template {name}: <\\|begin_of_text\\|> is not a special token"):
+    with pytest.raises(SwiftError, match=f"^--template {name}: <\\|begin_of_text\\|> is not one token"):
         get_template(name, tokenizer)
     assert get_template("chatml", tokenizer).end_of_turn_ids() == {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    # a fine-tune that added them with add_tokens (not marked special): still one id each, accepted
+    added = copy.deepcopy(tokenizer)
+    added.add_tokens(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"])
+    assert get_template(name, added).end_of_turn_ids() == {added.convert_tokens_to_ids("<|eot_id|>")}
 
 
 def test_generation_prompt_matches(tokenizer):
