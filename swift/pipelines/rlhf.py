@@ -182,9 +182,9 @@ def encode_prompt_row(template: Template, row: dict, a=None) -> dict:
 def _check_verifiers_run(a) -> None:
     """verifiers:<env> rows run their environment's own rollout loop: what would replace it or run
     elsewhere is refused (once per run, before anything is generated)."""
+    # (--max_turns and --gym_env without a scheduler are refused with the arguments: `rlhf_online`)
     other = ("--rollout_func" if a.rollout_func else "--multi_turn_scheduler / --environment_factory"
-             if a.multi_turn_scheduler else "--gym_env" if a.gym_env else "--max_turns (the environment's max_turns "
-             "decides)" if a.max_turns else None)
+             if a.multi_turn_scheduler else None)
     if other:
         raise SwiftError(f"--dataset verifiers:<env> rows run their environment's own rollout; drop {other}")
     if (a.use_vllm and a.vllm_mode == "server") or a.rollout_mode == "server":

@@ -226,7 +226,7 @@ def test_grpo_trains_on_the_rubrics_reward(tmp_path, env_file):
         rlhf_main(train_argv(tmp_path / "bad", "--rlhf_type", "grpo", "--dataset", "builtin:arith-sft#8",
                              "--num_generations", "2", "--per_device_train_batch_size", "4", "--max_steps", "1",
                              "--max_completion_length", "8", "--reward_funcs", "verifiers", "--strict", "true"))
-    for flag, value, why in (("--max_turns", "2", "run their environment's own rollout; drop --max_turns"),
+    for flag, value, why in (("--max_turns", "2", "--max_turns does nothing without --multi_turn_scheduler"),
                              ("--rollout_mode", "server", "it needs a colocated engine")):
         with pytest.raises(SwiftError, match=why):
             rlhf_main(train_argv(tmp_path / "bad", "--rlhf_type", "grpo", "--dataset", f"verifiers:{env_file}?n=4",
