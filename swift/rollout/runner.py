@@ -102,6 +102,26 @@ def _each_trajectory(hook, states: list[RolloutInferRequest], what: str) -> None
             state.rollout_infos["rollout_error"] = type(e).__name__
 
 
+def _budget(ids: list[int], prompt_len: int, max_completion_length: int, context: int | None) -> int:
+    """Tokens a trajectory may still generate: within its completion budget and the engine's context."""
+    left = max_completion_length - (len(ids) - prompt_len)
+    return left if context is None else min(left, context - len(ids))
+
+
+def _add_answer(state: RolloutInferRequest, text: str, turn_start: int, start: int, written: int) -> int:
+    """The turn's text into the conversation: onto the assistant message the model continued (an
+    edited answer), else as a new message. Returns where the final assistant message starts (a
+    continued message the environment began counts as new; `written`: the one the last turn wrote)."""
+    if state.messages[-1]["role"] == "assistant":
+        if len(state.messages) - 1 != written:
+            start = turn_start
+        state.messages[-1] = {"role": "assistant", "content": state.messages[-1]["content"] + text}
+    else:
+        start = turn_start
+        state.messages.append({"role": "assistant", "content": text})
+    return start
+
+
 def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInferRequest], config: RequestConfig,
                 scheduler: MultiTurnScheduler, max_completion_length: int,
                 control: JobControl | None) -> list[Trajectory]:
@@ -113,12 +133,11 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
     # where each trajectory's final assistant message starts, and the message its last turn wrote into
     starts, written = [0] * len(states), [-1] * len(states)
     context = getattr(engine, "max_model_len", None)  # the engine's context, where it has one
+    who = f"multi-turn scheduler {type(scheduler).__name__}"
     active = [i for i, s in enumerate(states) if "rollout_error" not in s.rollout_infos]
     seed = config.seed
     while active:
-        budget = {i: max_completion_length - (len(ids[i]) - prompt_len[i]) for i in active}
-        if context is not None:  # and no turn runs past the engine's context
-            budget = {i: min(b, context - len(ids[i])) for i, b in budget.items()}
+        budget = {i: _budget(ids[i], prompt_len[i], max_completion_length, context) for i in active}
         for i in [i for i in active if budget[i] <= 0]:
             truncated[i] = True
         active = [i for i in active if budget[i] > 0]
@@ -140,13 +159,7 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
             lps[i] += _logprobs(choice) if config.logprobs else []
             turns[i] += 1
             state = states[i]
-            if state.messages[-1]["role"] == "assistant":  # the model continued an (edited) answer
-                if len(state.messages) - 1 != written[i]:  # one the environment began: a new message
-                    starts[i] = turn_start
-                state.messages[-1] = {"role": "assistant", "content": state.messages[-1]["content"] + choice.text}
-            else:
-                starts[i] = turn_start
-                state.messages.append({"role": "assistant", "content": choice.text})
+            starts[i] = _add_answer(state, choice.text, turn_start, starts[i], written[i])
             written[i] = len(state.messages) - 1
             texts[i], truncated[i] = state.messages[-1]["content"], choice.finish_reason == "length"
             try:  # the environment's step and its reply rendered: a failure ends this trajectory alone
@@ -155,29 +168,26 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
                 result = scheduler.step(state, choice, turns[i])
                 state = result["infer_request"]
                 following = template.encode_continuation(state.messages, state.tools)
-                mask, lp = continued(ids[i], following, prompt_len[i], masks[i], lps[i],
-                                     f"multi-turn scheduler {type(scheduler).__name__}")
+                mask, lp = continued(ids[i], following, prompt_len[i], masks[i], lps[i], who)
             except Exception as e:  # noqa: BLE001 - this trajectory's environment failed; the others go on
-                logger.error(f"multi-turn scheduler {type(scheduler).__name__} failed on a trajectory after turn "
-                             f"{turns[i]}; it ends there: {type(e).__name__}: {e}", exc_info=e)
+                logger.error(f"{who} failed on a trajectory after turn {turns[i]}; it ends there: "
+                             f"{type(e).__name__}: {e}", exc_info=e)
                 states[i].rollout_infos["rollout_error"] = type(e).__name__
                 truncated[i] = True
                 continue
             # what else step() returned (ms-swift's keys); a scheduler breaking that contract stops the run
             mask = _step_result(result, state, mask, turn_start, generated[:len(generated) - (
-                choice.stop_token_id is not None)], f"multi-turn scheduler {type(scheduler).__name__}")
+                choice.stop_token_id is not None)], who)
             if state is not states[i]:  # a scheduler that hands back a new request keeps the trajectory's identity
                 state.uid = states[i].uid
             states[i] = state
             masks[i], lps[i], ids[i] = mask, lp, following
-            limit = prompt_len[i] + max_completion_length
-            if context is not None:
-                limit = min(limit, context)
-            if len(following) >= limit:  # no room left for one generated token  # the environment's reply outgrew the budget or the context:
-                ids[i] = following[:limit]  # this trajectory ends here, truncated; the others go on
-                masks[i] = masks[i][:limit - prompt_len[i]]
+            room = _budget(following, prompt_len[i], max_completion_length, context)
+            if room <= 0:  # the environment's reply outgrew the budget or the context: this trajectory ends
+                keep = len(following) + room - prompt_len[i]  # here, truncated; the others go on
+                ids[i], masks[i] = following[:prompt_len[i] + keep], masks[i][:keep]
                 if config.logprobs:
-                    lps[i] = lps[i][:limit - prompt_len[i]]
+                    lps[i] = lps[i][:keep]
                 truncated[i] = True
                 continue
             still.append(i)
