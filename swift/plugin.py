@@ -100,6 +100,28 @@ def isolated():
                 del _loaded[key]
 
 
+_plugin_folders: set[str] = set()  # the folders plugin files were imported from (real paths)
+
+
+def _refuse_shadowing(name: str, key: str, path: str, flag: str) -> None:
+    """A plugin is imported under its file's name: one named like a module that exists elsewhere
+    (`datasets.py`) would take that module's place for every later import in this process."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and any(loaded is m for m in _loaded.values()):  # another plugin file of that name
+        return
+    try:
+        found = loaded.__spec__ if loaded is not None else importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):  # a dotted name whose parent is no package: nothing to shadow
+        return
+    if found is None:
+        return
+    origin = getattr(found, "origin", None)
+    if origin and (os.path.realpath(origin) == key or os.path.dirname(os.path.realpath(origin)) in _plugin_folders):
+        return  # this file, or another plugin file of that name (the later one is the module from then on)
+    raise SwiftError(f"{flag} {path}: its name {name!r} is also the module {origin or name} here, which "
+                     "importing it would replace; rename the file")
+
+
 def import_file(path: str, flag: str = "--external_plugins"):
     """Import a plugin file by path, once per process (its folder goes first on sys.path)."""
     if not os.path.isfile(path):
@@ -108,7 +130,9 @@ def import_file(path: str, flag: str = "--external_plugins"):
     name = os.path.splitext(os.path.basename(path))[0]
     if key in _loaded:  # this very file (two files of one name in different folders are two plugins)
         return _loaded[key]
+    _refuse_shadowing(name, key, path, flag)
     folder = os.path.dirname(os.path.abspath(path))
+    _plugin_folders.add(os.path.dirname(key))
     if folder not in sys.path:
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, path)
@@ -116,11 +140,10 @@ def import_file(path: str, flag: str = "--external_plugins"):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except SwiftError:
-        raise
-    except Exception as e:
+    except Exception as e:  # a SwiftError it raised too: named with the file (before 2026-12-07 without)
         del sys.modules[name]
-        raise SwiftError(f"{flag} {path}: importing it failed: {type(e).__name__}: {e}") from None
+        what = "" if isinstance(e, SwiftError) else "importing it failed: " + type(e).__name__ + ": "
+        raise SwiftError(f"{flag} {path}: {what}{e}") from None
     _loaded[key] = module
     return module
 

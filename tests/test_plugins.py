@@ -52,6 +52,28 @@ def test_an_unregistered_callback_or_plugin_kind_is_refused_in_one_line(tmp_path
         sft_main(train_argv(tmp_path, "--external_plugins", str(tmp_path / "broken.py")))
 
 
+def test_a_plugin_error_names_its_file_and_a_plugin_may_not_replace_a_module(tmp_path):
+    """A SwiftError raised while a plugin file imports names the file and leaves no half-imported
+    module behind; a file named like an importable module (`json.py`) is refused instead of
+    replacing that module for every later import (before 2026-12-07: neither)."""
+    import json
+    import sys
+
+    from swift.plugin import import_file
+    from swift.utils.registry import SwiftError
+
+    bad = tmp_path / "bad_kind_plugin.py"
+    bad.write_text("from swift.plugin import register\nregister('rewards', 'x', object())\n")
+    with pytest.raises(SwiftError, match=rf"--external_plugins {bad}: unknown plugin kind 'rewards'"):
+        import_file(str(bad))
+    assert "bad_kind_plugin" not in sys.modules
+    shadow = tmp_path / "json.py"
+    shadow.write_text("x = 1\n")
+    with pytest.raises(SwiftError, match=r"json.py: its name 'json' is also the module .*json.*rename the file"):
+        import_file(str(shadow))
+    assert sys.modules["json"] is json
+
+
 @pytest.mark.parametrize("scheduler", ["env", "multi_turn"])
 def test_reward_env_and_scheduler_plugins_in_a_grpo_run(tmp_path, scheduler, quickstart):
     """From the quickstart's sft model (it answers sums and stops): the example reward and the

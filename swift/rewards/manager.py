@@ -269,7 +269,12 @@ class RewardManager:
         self.context: dict[str, Any] = {}  # what TRL hands its reward functions besides the data (trainer_state, ...)
 
     def _kwargs(self, func) -> dict[str, Any]:
-        return self.context if isinstance(func, TRLReward) else {}
+        """TRL's functions get the whole context; the others (ms-swift's ORMs, ours) `trainer_state`,
+        which ms-swift hands every reward function (None outside a trainer; before 2026-12-07 only
+        TRL's functions got it)."""
+        if isinstance(func, TRLReward):
+            return self.context
+        return {"trainer_state": self.context.get("trainer_state")}
 
     @property
     def names(self) -> list[str]:
@@ -308,7 +313,12 @@ class RewardManager:
         if result is None or len(result) != len(completions):
             raise SwiftError(f"reward function '{name}' returned {0 if result is None else len(result)} values "
                              f"for {len(completions)} completions")
-        return [float("nan") if v is None else float(v) for v in result]
+        values = [float("nan") if v is None else float(v) for v in result]
+        for row, v in enumerate(values):  # NaN (as None): no reward; an infinite one would become ±3e38 advantages
+            if math.isinf(v):
+                raise SwiftError(f"reward function '{name}' returned {v} for row {row} of the batch (completion "
+                                 f"{completions[row][:60]!r}): return a finite number, or None for no reward")
+        return values
 
     def _raise(self, name, func, completions, columns, error: BaseException):
         """Re-run row by row to name the first failing row, then stop the run with one line."""

@@ -61,10 +61,10 @@ class HarmlessRollout(Rollout):
         if t.proposal is not None:
             for _ in range(self.a.num_episodes - 1):  # proposal-only updates on fresh samples
                 t.proposal_step(self.negatives(prompts))
-        trajectories, rewards, per_func = super()._sample_and_score(prompts, uses, queue, cycle)
+        prompts, trajectories, rewards, per_func = super()._sample_and_score(prompts, uses, queue, cycle)
         t.negdata.add(prompts, trajectories, rewards, self.n, "policy", t.state.global_step)
         self._neg = self.negatives(prompts) if t.proposal is not None else None
-        return trajectories, rewards, per_func
+        return prompts, trajectories, rewards, per_func
 
     def negatives(self, prompts: list[dict]) -> Negatives:
         """N samples per prompt from q, scored, with log φ and q's log-probs at sampling."""

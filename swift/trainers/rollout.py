@@ -11,6 +11,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -26,6 +27,7 @@ from swift.trainers.completion_logps import tensorize
 from swift.trainers.rollout_metrics import eval_metrics, rollout_metrics, write_completions
 from swift.trainers.zero3 import gathered_buckets, sharded
 from swift.utils.logging import get_logger
+from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
 
@@ -69,6 +71,7 @@ class Rollout:
         self.n = self.a.num_generations
         self.rollout_func = RolloutFunc(self.a.rollout_func, trainer) if getattr(self.a, "rollout_func", None) else None
         self._synced_step: int | None = None
+        self._all_failed = 0  # generation batches in a row whose every trajectory failed
         self._completions_path = os.path.join(self.args.output_dir, "completions.jsonl")
 
     # -- sampling ----------------------------------------------------------------------------------
@@ -143,7 +146,9 @@ class Rollout:
     def score(self, prompts: list[dict], trajectories: list[Trajectory], n: int):
         rows = [p for p in prompts for _ in range(n)]
         columns: dict[str, list] = {}
-        for key in rows[0]["columns"]:
+        # every row's columns, None where a row has none (a mix of datasets; before 2026-12-07 the
+        # first row's keys alone, so a column reached the reward functions only if that row had it)
+        for key in dict.fromkeys(k for r in rows for k in r["columns"]):
             columns[key] = [r["columns"].get(key) for r in rows]
         for key in {k for t in trajectories for k in t.rollout_infos}:
             columns[key] = [t.rollout_infos.get(key) for t in trajectories]
@@ -163,21 +168,33 @@ class Rollout:
         a, n = self.a, self.n
         trajectories = self._trajectories(prompts, uses, queue, cycle)
         rewards, per_func = self.score(prompts, trajectories, n)
-        if a.dynamic_sample:  # DAPO: groups whose rewards are all equal teach nothing; sample them again
-            for _ in range(a.max_resample_times):
+        if a.dynamic_sample:  # DAPO: groups whose rewards are all equal teach nothing; replace them
+            prompts = list(prompts)
+            for round_ in range(a.max_resample_times):
                 # a group with an unscored (NaN) row counts by its scored rows (before 2026-11-30: never)
                 flat = nanstd(rewards.view(-1, n), dim=1).squeeze(1)
                 again = [i for i, s in enumerate(flat.tolist()) if s == 0]
                 if not again:
                     break
-                redo = self.generate([prompts[i] for i in again], n)
-                redo_rewards, redo_per_func = self.score([prompts[i] for i in again], redo, n)
+                fresh = self.fresh_prompts(len(again), uses, round_)
+                redo = self.generate(fresh, n)
+                redo_rewards, redo_per_func = self.score(fresh, redo, n)
                 for j, i in enumerate(again):
+                    prompts[i] = fresh[j]
                     trajectories[i * n:(i + 1) * n] = redo[j * n:(j + 1) * n]
                     rewards[i * n:(i + 1) * n] = redo_rewards[j * n:(j + 1) * n]
                     for f in range(len(per_func)):
                         per_func[f][i * n:(i + 1) * n] = redo_per_func[f][j * n:(j + 1) * n]
-        return trajectories, rewards, per_func
+        return prompts, trajectories, rewards, per_func
+
+    def fresh_prompts(self, k: int, uses: int, round_: int) -> list[dict]:
+        """--dynamic_sample: `k` prompts drawn at random from the training set to replace groups that
+        teach nothing (new prompts, as ms-swift and DAPO; before 2026-12-07 the same prompts were
+        sampled again). The draw depends only on --seed, the generation batch, the round and the
+        rank, so a resumed run draws what the uninterrupted one did."""
+        data = self.trainer.train_dataset
+        rng = np.random.default_rng([self.args.seed, uses, round_, self.args.process_index])
+        return [data[int(i)] for i in rng.choice(len(data), size=k, replace=len(data) < k)]
 
     def _score_steps(self, trajectories: list[Trajectory]):
         """Each completion's steps and their process rewards (None without --prm_model)."""
@@ -196,11 +213,12 @@ class Rollout:
         """Sample, score and compute advantages for the generation batch starting at micro-batch
         `uses`, cut into its micro-batches, each with the log-probs it needs computed before any
         update (`stale`: trained on after an update, so the log-probs at sampling too)."""
-        trajectories, rewards, per_func = self._sample_and_score(prompts, uses, queue, cycle)
+        prompts, trajectories, rewards, per_func = self._sample_and_score(prompts, uses, queue, cycle)
         steps = self._score_steps(trajectories)
         if steps is not None and not self.rewards.names:  # process rewards alone: every row is scored
             rewards = torch.zeros_like(rewards)
         failed = [i for i, t in enumerate(trajectories) if t.rollout_infos.get("rollout_error")]
+        self._refuse_all_failed(trajectories, failed)
         if failed:  # its environment failed mid-rollout: the trajectory is cut, not judged
             rewards[failed] = float("nan")
             logger.warning(f"{len(failed)} of {len(trajectories)} trajectories ended with an environment error "
@@ -216,6 +234,22 @@ class Rollout:
         advantages = self.assign_advantages(micro, shaped, trajectories, steps)
         self._log(prompts, trajectories, rewards, per_func, advantages)
         return RolloutBatch(prompts, trajectories, rewards, per_func, advantages, micro)
+
+    ALL_FAILED_LIMIT = 3
+
+    def _refuse_all_failed(self, trajectories: list[Trajectory], failed: list[int]) -> None:
+        """A failed trajectory costs its row; when every trajectory of 3 generation batches in a row
+        (on every rank) failed, the environment is broken, and training on nothing would go on
+        silently until the last step (before 2026-12-07 it did): stop, on every rank. (A flaky
+        environment may fail a whole small batch now and then.)"""
+        counts = self.global_sum(torch.tensor([len(failed), len(trajectories)], dtype=torch.float64))
+        everything = bool(counts[1] > 0 and counts[0] == counts[1])
+        self._all_failed = self._all_failed + 1 if everything else 0
+        if self._all_failed >= self.ALL_FAILED_LIMIT:
+            names = sorted({trajectories[i].rollout_infos["rollout_error"] for i in failed})
+            raise SwiftError(f"every trajectory of the last {self.ALL_FAILED_LIMIT} generation batches ended with an "
+                             f"environment error ({', '.join(names) or 'on another rank'}; the log above has each "
+                             "traceback): fix the scheduler or environment")
 
     def _minus_kl(self, micro: list[dict], rewards: torch.Tensor) -> torch.Tensor:
         """--kl_in_reward (ms-swift's default for rloo and reinforce_plus_plus): each completion's

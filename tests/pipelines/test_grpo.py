@@ -108,6 +108,22 @@ def test_trajectories_whose_environment_fails_get_no_reward_and_the_run_goes_on(
     assert len(logs) == 2 and all(r["loss"] == r["loss"] for r in logs)  # trained, no NaN loss
 
 
+def test_a_run_whose_environment_fails_on_every_trajectory_stops(tmp_path):
+    """Every row's solution is odd, so the environment fails on every trajectory: the run stops after
+    three such generation batches with one line (before 2026-12-07 it trained on nothing to the end)."""
+    import os
+
+    plugin = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins", "failing_env.py")
+    data = tmp_path / "odd.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{i}+0="}], "solution": str(i)}) + "\n"
+                            for i in range(1, 17, 2)))
+    with pytest.raises(SwiftError, match=r"every trajectory of the last 3 generation batches ended with an "
+                                         r"environment error \(KeyError;"):
+        argv = grpo_argv(tmp_path / "out", "--max_steps", "4", "--multi_turn_scheduler", "fails_on_odd", "--max_turns",
+                         "2", "--external_plugins", plugin, "--max_completion_length", "8")
+        rlhf_main([str(data) if a == "builtin:arith-sft#32" else a for a in argv])
+
+
 def test_rows_the_environment_cannot_start_from_are_dropped_and_reported(tmp_path):
     """`\\boxed{11}` is no integer for guess_number: the run crashed after generation with a raw
     ValueError. Now the row is refused when the data is read: dropped and reported, or with

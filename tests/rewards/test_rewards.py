@@ -47,6 +47,21 @@ def test_soft_overlong():
     assert call("soft_overlong", ["x"] * 4, args, response_token_ids=ids) == pytest.approx([0.0, 0.0, -0.5, -1.0])
 
 
+@pytest.mark.parametrize("args,message", [
+    (SimpleNamespace(max_completion_length=100, soft_max_length=None, soft_cache_length=None),
+     "^the soft_overlong reward needs --soft_cache_length: L_cache"),
+    (SimpleNamespace(max_completion_length=100), r"^the soft_overlong reward needs --soft_cache_length \(a flag of "
+                                                 r"`swift rlhf`; this command has none\)"),  # swift sample's
+    (None, "^the soft_overlong reward needs --soft_cache_length"),
+    (SimpleNamespace(max_completion_length=100, soft_max_length=None, soft_cache_length=100),
+     r"^--soft_cache_length 100 must be in 1\.\.99"),
+])
+def test_soft_overlong_needs_a_cache_length_below_the_max(args, message):
+    """As ms-swift asserts (before 2026-12-07 a missing one became L_max // 4 and one of L_max passed)."""
+    with pytest.raises(SwiftError, match=message):
+        orms["soft_overlong"](args)
+
+
 def test_toolbench():
     gold = 'Action: get_weather\nAction Input: {"city": "Paris", "unit": "C"}'
     completions = ['Thought: x\nAction: get_weather\nAction Input: {"unit": "C", "city": "Paris"}',
@@ -68,6 +83,48 @@ def test_weights_none_and_async():
     manager = RewardManager([("half", Half()), ("slow", Slow()), ("slow2", Slow())], [2.0, 1.0, 0.5])
     totals, per_func = manager(["a", ""], {})
     assert totals == [2 * 0.5 + 1.0 + 0.5, 1.0 + 0.5] and math.isnan(per_func[0][1])
+
+
+def test_async_reward_functions_run_concurrently():
+    """Each of the two waits until the other has started: run one after the other, the first would
+    wait forever (the timeout turns that into a failure)."""
+    started = {}
+
+    class Meet(AsyncORM):
+        def __init__(self, me, other):
+            self.me, self.other = me, other
+
+        async def __call__(self, completions, **kwargs):
+            started.setdefault(self.me, asyncio.Event()).set()
+            await asyncio.wait_for(started.setdefault(self.other, asyncio.Event()).wait(), timeout=5)
+            return [1.0] * len(completions)
+
+    manager = RewardManager([("a", Meet("a", "b")), ("b", Meet("b", "a"))])
+    assert manager(["x"], {})[0] == [2.0]
+
+
+def test_every_reward_function_gets_the_trainer_state():
+    """ms-swift hands `trainer_state` to every reward function (its docs' curriculum example reads
+    `trainer_state.global_step`); before 2026-12-07 only TRL-style functions got it, so such an ORM
+    stopped the run with a TypeError."""
+    class Curriculum(ORM):
+        def __call__(self, completions, trainer_state, **kwargs):
+            return [float(trainer_state.global_step)] * len(completions)
+
+    manager = RewardManager([("curriculum", Curriculum())])
+    manager.context = {"trainer_state": SimpleNamespace(global_step=7), "log_metric": lambda *a: None}
+    assert manager(["a", "b"], {})[0] == [7.0, 7.0]
+    manager.context = {}  # outside a trainer (swift sample): None
+    with pytest.raises(SwiftError, match="AttributeError"):
+        manager(["a"], {})
+
+
+def test_an_infinite_reward_is_refused_with_the_function_and_row():
+    """None (or NaN) means no reward; ±inf would become ±3e38 advantages (and invalid JSON in
+    completions.jsonl): refused (before 2026-12-07 it passed)."""
+    manager = RewardManager([("wild", lambda completions, **kw: [1.0, float("-inf")])])
+    with pytest.raises(SwiftError, match=r"reward function 'wild' returned -inf for row 1 of the batch \(completion 'b'\)"):
+        manager(["a", "b"], {})
 
 
 def test_user_error_names_function_and_row():
