@@ -88,7 +88,8 @@ class ComposedArguments:
             for f in part_fields(cls):
                 if f.name in _NOT_SAVED or f.name.endswith(("_token", "api_key")):
                     continue
-                out[f.name] = to_jsonable(getattr(part, f.name))
+                saved = getattr(part, "saved_values", {})  # a flag as given where checks rewrote it
+                out[f.name] = to_jsonable(saved[f.name] if f.name in saved else getattr(part, f.name))
         return out
 
     def __repr__(self) -> str:

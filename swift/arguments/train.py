@@ -74,6 +74,8 @@ class TrainingArguments(Seq2SeqTrainingArguments):
             self.use_cpu = not torch.cuda.is_available()
         if self.fsdp:
             self._fsdp()
+        elif self.fsdp_config:  # HF reads it only with --fsdp (before 2026-12-07 the run trained as DDP silently)
+            raise SwiftError("--fsdp_config configures --fsdp, which is not set: give --fsdp fsdp2 (or HF's values)")
         if self.use_liger_kernel:
             import importlib.util
 
@@ -89,12 +91,15 @@ class TrainingArguments(Seq2SeqTrainingArguments):
             # works with frozen input embeddings (LoRA) without making the inputs require grad
             self.gradient_checkpointing_kwargs = {"use_reentrant": False}
         if self.warmup_ratio:
-            # (before 2026-11-29 the ratio won silently, the reverse of HF's precedence); args.json
-            # records the ratio in both, as set below
+            # (before 2026-11-29 the ratio won silently, the reverse of HF's precedence)
             if self.warmup_steps and self.warmup_steps != self.warmup_ratio:
                 raise SwiftError("--warmup_ratio and --warmup_steps both set the warmup; give one")
             if not 0 <= self.warmup_ratio < 1:
                 raise SwiftError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+            # HF reads a fraction in warmup_steps as a ratio; args.json keeps the flag as given, so
+            # `--config args.json --warmup_steps 3` replays (before 2026-12-07 the copy was saved and
+            # that was refused as both set)
+            self.saved_values = {"warmup_steps": self.warmup_steps}
             self.warmup_steps = self.warmup_ratio
         super().__post_init__()
 

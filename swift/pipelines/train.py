@@ -14,9 +14,10 @@ from transformers import set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
 from swift.arguments import PtArguments, SftArguments
+from swift.arguments.template import model_max_length
 from swift.dataset.encode import (Collator, LazyDataset, ListDataset, PaddingFreeCollator, StreamingDataset, encode_rows,
                                   pack)
-from swift.dataset.loader import RowSet, load_rows, read_rows
+from swift.dataset.loader import DATA_SEED, RowSet, check_specs, load_rows, read_rows
 from swift.dataset.self_cognition import fill_identity
 from swift.model import load_model
 from swift.model.loader import bnb_config, resolve_dtype
@@ -53,6 +54,11 @@ class TrainPipeline:
 
     def __init__(self, args: SftArguments):
         self.args = args
+        if args.streaming and args.data_seed is not None:
+            raise SwiftError("--data_seed: --streaming reads rows in order and samples none (#N takes the first N "
+                             "rows); leave it out, or drop --streaming")
+        if args.data_seed is None and not args.streaming:  # ms-swift's 42, whatever --seed is (before 2026-12-07: --seed)
+            args.data_seed = DATA_SEED
 
     # -- parts -----------------------------------------------------------------------------------
     def load(self):
@@ -74,6 +80,8 @@ class TrainPipeline:
         if not torch.cuda.is_available():
             a.training_args.dataloader_pin_memory = False  # pinning needs an accelerator
         name = choose_template(a.template, a.model_type, info.model_type, tokenizer)
+        if a.max_length is None:  # the model's context (args.json records it, packing and PRM steps read it)
+            a.max_length = model_max_length(model.config)
         template = get_template(name, tokenizer, system=a.system, max_length=a.max_length,
                                 truncation_strategy=a.truncation_strategy, loss_scale=a.loss_scale)
         logger.info(f"model {a.model} ({info.model_type}), template {name}")
@@ -83,7 +91,7 @@ class TrainPipeline:
     def datasets(self, template) -> tuple[Any, Any, list[dict]]:
         """Return (train dataset, eval dataset or None, raw validation rows for generation eval)."""
         a = self.args
-        seed = a.data_seed if a.data_seed is not None else a.seed
+        seed = a.data_seed
         load = dict(column_map=a.data_args.column_map, strict=a.strict, seed=seed, use_hf=a.use_hf)
         if a.load_from_cache_file and not a.cached_dataset:
             logger.info("--load_from_cache_file: this version keeps no dataset cache; the rows are encoded now")
@@ -160,7 +168,14 @@ class TrainPipeline:
     def build_trainer(self):
         """The model, data and trainer of this run, ready to train (kept as `self.trainer`)."""
         a = self.args
+        if a.training_args.n_gpu > 1:  # HF would wrap the model in DataParallel, which splits our
+            # `logits_to_keep` positions across the replicas (before 2026-12-07 the first step failed)
+            n = a.training_args.n_gpu
+            raise SwiftError(f"{n} GPUs are visible to one process: launch one process per GPU with "
+                             f"NPROC_PER_NODE={n}, or pick one with CUDA_VISIBLE_DEVICES")
         set_seed(a.seed)
+        check_specs(a.dataset)  # a missing file or unknown built-in: before the model loads
+        check_specs(a.val_dataset, "--val_dataset")
         model, tokenizer, template, info = self.load()
         train, val, val_rows = self.datasets(template)
         extra = self.trainer_kwargs(model)  # before the tuner wraps the model (a frozen copy may be taken)
@@ -172,8 +187,12 @@ class TrainPipeline:
             # the base directory, so `--config args.json` repeats the run into a new version beside this one
             write_json(args_path, {**a.to_dict(), "output_dir": base})
             config = getattr(a, "config_file", None)
-            if config and os.path.basename(config) != "args.json":  # args.json above already holds it all
-                shutil.copy(config, os.path.join(out, os.path.basename(config)))
+            copy = os.path.join(out, os.path.basename(config)) if config else None
+            # args.json above already holds it all; a file already in the run's directory stays as it
+            # is (before 2026-12-07: SameFileError, after the model had loaded)
+            if config and os.path.basename(config) != "args.json" and not (
+                    os.path.exists(copy) and os.path.samefile(config, copy)):
+                shutil.copy(config, copy)
         with fsdp_on_cpu(a.training_args):
             trainer = self.trainer_cls(
                 model=model, args=a.training_args, train_dataset=train, eval_dataset=val,
@@ -235,6 +254,35 @@ class TrainPipeline:
         return result
 
 
+def _check_resumable(checkpoint: str, given: str) -> None:
+    """A checkpoint a run can go on from: HF's trainer state and the optimizer's. One saved with
+    --save_only_model has neither optimizer, scheduler nor RNG state, and HF would restart the
+    optimizer and the schedule silently (before 2026-12-07 it did); a run's final directory has no
+    trainer state (a traceback after the model loaded)."""
+    if not os.path.isdir(checkpoint):
+        raise SwiftError(f"--resume_from_checkpoint {given}: no such checkpoint directory")
+    names = os.listdir(checkpoint)
+    if "trainer_state.json" not in names:
+        raise SwiftError(f"--resume_from_checkpoint {given}: {checkpoint} is no checkpoint (no trainer_state.json); "
+                         "give one of its checkpoint-N directories")
+    if not any(n.startswith(("optimizer", "global_step")) for n in names):  # HF's, FSDP's and DeepSpeed's layouts
+        raise SwiftError(f"--resume_from_checkpoint {given}: {checkpoint} holds no optimizer state (saved with "
+                         "--save_only_model?): a run cannot go on from it; start a new run from its weights "
+                         "with --model (full) or --adapters (LoRA)")
+
+
+def _refuse_earlier_run(out: str) -> None:
+    """--add_version false writes into --output_dir itself: an earlier run's checkpoints and log there
+    would mix with this one's (its logging.jsonl appended to, `last` finding its checkpoints);
+    before 2026-12-07 they did."""
+    earlier = [n for n in (os.listdir(out) if os.path.isdir(out) else [])
+               if n == "logging.jsonl" or re.fullmatch(r"checkpoint-\d+", n)]
+    if earlier:
+        raise SwiftError(f"--output_dir {out} already holds a run ({', '.join(sorted(earlier)[:3])}) and --add_version "
+                         "false writes into it: give another --output_dir, --add_version true, or "
+                         "--resume_from_checkpoint to go on with it")
+
+
 VERSION_DIR = re.compile(r"v(\d+)-\d{8}-\d{6}$")
 
 
@@ -254,8 +302,11 @@ def resolve_output_dir(a) -> str:
             if last is None:  # (before 2026-11-29 HF's lookup found none and the run started afresh)
                 raise SwiftError(f"--resume_from_checkpoint last: {base} has no checkpoint")
             a.training_args.resume_from_checkpoint = last
-        elif resume and not os.path.isdir(resume):
-            raise SwiftError(f"--resume_from_checkpoint {resume}: no such checkpoint directory")
+            _check_resumable(last, "last")
+        elif resume:
+            _check_resumable(resume, resume)
+        else:
+            _refuse_earlier_run(base)
         return base
     run_dir = None
     if resume == "last":  # every rank checks, so a refusal stops them all
@@ -263,9 +314,9 @@ def resolve_output_dir(a) -> str:
         run_dir = next((os.path.join(base, d) for _, d in runs if get_last_checkpoint(os.path.join(base, d))), None)
         if run_dir is None:
             raise SwiftError(f"--resume_from_checkpoint last: no run under {base} has a checkpoint")
+        _check_resumable(get_last_checkpoint(run_dir), "last")
     elif resume:
-        if not os.path.isdir(resume):
-            raise SwiftError(f"--resume_from_checkpoint {resume}: no such checkpoint directory")
+        _check_resumable(resume, resume)
         parent = os.path.dirname(os.path.abspath(resume))
         if os.path.dirname(parent) == os.path.abspath(base):
             run_dir = parent  # one of this --output_dir's runs: it goes on there
@@ -322,13 +373,25 @@ def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def _whole_bytes(p: torch.nn.Parameter) -> bytes:
+    """A parameter's whole value: gathered from every rank under FSDP2 and ZeRO-3 (whose `p.data`
+    is an empty placeholder: before 2026-12-07 the digest then held the names alone, so diverged
+    ranks passed)."""
+    if hasattr(p, "ds_id"):  # a ZeRO-3 partition; every rank gathers it, in the same order
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([p]):
+            return p.detach().float().cpu().numpy().tobytes()
+    return whole(p).detach().float().cpu().numpy().tobytes()
+
+
 def _rank_checksums(model: torch.nn.Module) -> list[str]:
     """A digest of the trainable weights on every rank; ranks that diverged make the run fail loudly."""
     digest = hashlib.sha256()
     for name, p in sorted(model.named_parameters()):
         if p.requires_grad:
             digest.update(name.encode())
-            digest.update(whole(p).detach().float().cpu().numpy().tobytes())
+            digest.update(_whole_bytes(p))
     mine = digest.hexdigest()[:16]
     if not dist.is_initialized():
         return [mine]

@@ -23,7 +23,8 @@ def fsdp_on_cpu(training_args):
         logger.info("--fsdp on one CPU process: nothing to shard, the model trains whole")
         yield
         return
-    if int((training_args.fsdp_config or {}).get("version", 1)) != 2:
+    # HF's default is FSDP2 (before 2026-12-07 a config without "version" was taken for FSDP1 and refused)
+    if int((training_args.fsdp_config or {}).get("version", 2)) != 2:
         raise SwiftError("--fsdp: on CPU ranks only FSDP2 shards (give --fsdp fsdp2, or fsdp_config version 2)")
     from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedType

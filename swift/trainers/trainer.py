@@ -44,6 +44,22 @@ class SwiftMixin:
     template: Template | None = None
     generation_rows: list[dict] | None = None
     generation_max_new_tokens: int = 64
+    # compute_loss divides by the step's labelled tokens itself (`_get_num_items_in_batch`): HF must
+    # not divide by the accumulation steps again, whatever the model class says of its loss kwargs
+    loss_is_scaled_for_ga = True
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
+        """The tokens that carry loss in the whole optimizer step (`labels[:, 1:]`, as `causal_lm_loss`
+        counts them), summed over the ranks. HF counts them only for model classes that accept loss
+        kwargs (not e.g. gemma3n's), and over the whole labels for a model whose loss type it does not
+        know to shift: before 2026-12-07 such a model's loss was a mean of micro-batch means, so
+        --gradient_accumulation_steps and the ranks changed the update."""
+        if not batch_samples or "labels" not in batch_samples[0]:
+            return None
+        n = sum((b["labels"][..., 1:] != IGNORE_INDEX).sum() for b in batch_samples).to(device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            n = self.accelerator.gather(n).sum()
+        return n
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = causal_lm_loss(model, inputs, num_items_in_batch)

@@ -91,6 +91,10 @@ def test_args_json_round_trip(tmp_path):
     path.write_text(json.dumps(a.to_dict()))
     b = parse_args(SftArguments, [str(path)])
     assert b.to_dict() == a.to_dict()
+    # replayed with another warmup ratio (before 2026-12-07 args.json held the ratio in warmup_steps
+    # too, and this was refused as both set)
+    c = parse_args(SftArguments, [str(path), "--warmup_ratio", "0.05"])
+    assert (c.training_args.warmup_steps, c.to_dict()["warmup_steps"]) == (0.05, 0)
 
 
 def test_vllm_server_base_url_sets_host_and_port():

@@ -32,6 +32,7 @@ BASE = {"model": "builtin:tiny-chat", "dataset": ["builtin:arith-sft#8"]}
     ({"adapters": ["a"], "lora_rank": 16}, "--lora_rank shapes a new LoRA adapter; it does not apply to --adapters"),
     ({"adapters": ["a"], "use_dora": True}, "--use_dora shapes a new LoRA adapter; it does not apply to --adapters"),
     ({"warmup_ratio": 0.1, "warmup_steps": 50}, "--warmup_ratio and --warmup_steps both set the warmup"),
+    ({"fsdp_config": {"version": 2}}, "--fsdp_config configures --fsdp, which is not set"),
     ({"eval_strategy": "steps", "load_best_model_at_end": True}, "--load_best_model_at_end picks a checkpoint"),
 ])
 def test_flags_nothing_reads_are_refused(kwargs, message, tmp_path):

@@ -89,6 +89,15 @@ def test_sft_and_pt_do_not_depend_on_gradient_accumulation(tmp_path, command):
     assert_same(tmp_path, command, 8, 2, data="builtin:arith-sft#4 builtin:self-cognition#4")
 
 
+def test_sft_does_not_depend_on_gradient_accumulation_for_a_model_that_takes_no_loss_kwargs(tmp_path, monkeypatch):
+    # a model class that declares it takes no loss kwargs (as gemma3n's and gemma4's do): HF then
+    # counts no tokens for the step, and before 2026-12-07 each micro-batch divided by its own
+    from transformers import Qwen2ForCausalLM
+
+    monkeypatch.setattr(Qwen2ForCausalLM, "accepts_loss_kwargs", False, raising=False)
+    assert_same(tmp_path, "sft", 8, 2, data="builtin:arith-sft#4 builtin:self-cognition#4")
+
+
 def test_kto_does_not_depend_on_gradient_accumulation(tmp_path):
     # KTO's mismatched pairs are formed in blocks of one optimizer step's rows, the same in both
     # runs; at step 1 the policy equals the reference and the KL term is 0 in both, so this checks

@@ -209,6 +209,43 @@ def test_resume_into_output_dir_itself_is_checked_as_into_a_version(tmp_path):
         sft_main(train_argv(tmp_path / "run", "--resume_from_checkpoint", str(tmp_path / "nowhere")))
 
 
+def test_a_checkpoint_without_optimizer_state_or_a_run_in_the_directory_is_refused(tmp_path):
+    """A --save_only_model checkpoint holds no optimizer, scheduler or RNG state: resuming from it
+    is refused (before 2026-12-07 HF restarted the optimizer and the schedule silently); a run's final
+    directory is no checkpoint; a new run into a directory that holds one (--add_version false) is
+    refused rather than appending to its log; a --config file inside the run's directory is not
+    copied onto itself (before 2026-12-07: SameFileError)."""
+    run = tmp_path / "run"
+    sft_main(train_argv(run, "--save_strategy", "steps", "--save_steps", "2", "--save_only_model", "true"))
+    with pytest.raises(SwiftError, match=r"checkpoint-4 holds no optimizer state \(saved with --save_only_model\?\)"):
+        sft_main(train_argv(tmp_path / "again", "--resume_from_checkpoint", str(run / "checkpoint-4")))
+    with pytest.raises(SwiftError, match="--resume_from_checkpoint last: .*checkpoint-4 holds no optimizer state"):
+        sft_main(train_argv(run, "--resume_from_checkpoint", "last"))
+    with pytest.raises(SwiftError, match=r"run is no checkpoint \(no trainer_state.json\)"):
+        sft_main(train_argv(tmp_path / "again", "--resume_from_checkpoint", str(run)))
+    log = (run / "logging.jsonl").read_text()
+    with pytest.raises(SwiftError, match=r"--output_dir .*run already holds a run \(checkpoint-2, checkpoint-4, "
+                                         r"logging.jsonl\) and --add_version false writes into it"):
+        sft_main(train_argv(run))
+    assert (run / "logging.jsonl").read_text() == log
+    config = tmp_path / "cfg" / "train.yaml"
+    config.parent.mkdir()
+    config.write_text(f"output_dir: {config.parent}\n")
+    sft_main([str(config), *train_argv(config.parent)])  # the run's directory is the config file's
+    assert config.read_text() == f"output_dir: {config.parent}\n"
+
+
+def test_several_gpus_in_one_process_are_refused(tmp_path, monkeypatch):
+    """HF would train under DataParallel, which splits every tensor argument across the replicas, our
+    `logits_to_keep` positions too (GPU only: HF's GPU count is faked here)."""
+    from swift.arguments.train import TrainingArguments
+
+    monkeypatch.setattr(TrainingArguments, "n_gpu", property(lambda self: 2))
+    with pytest.raises(SwiftError, match="2 GPUs are visible to one process: launch one process per GPU with "
+                                         "NPROC_PER_NODE=2"):
+        sft_main(train_argv(tmp_path))
+
+
 def test_validation_data_none_of_whose_rows_encode_stops_in_one_line(tmp_path):
     val = tmp_path / "val.jsonl"
     val.write_text(json.dumps({"messages": [{"role": "user", "content": "no answer"}]}) + "\n")
