@@ -124,10 +124,23 @@ class Choice:
     stop_token_id: int | None = None
     stop_logprob: float | None = None  # its log-prob, when log-probs were asked for
 
+    @property
+    def message(self) -> ChoiceMessage:
+        """ms-swift's `response_choice.message` (`role`, `content`): a multi-turn scheduler written
+        for ms-swift reads the answer there (before 2026-12-07 it had to read `.text`)."""
+        return ChoiceMessage(content=self.text)
+
     def sampled_token_ids(self) -> list[int]:
         """Every token the model sampled, the one that ended generation included (what a trainer
         that learns from this answer must train on)."""
         return list(self.token_ids) + ([self.stop_token_id] if self.stop_token_id is not None else [])
+
+
+@dataclass(frozen=True)
+class ChoiceMessage:
+    """A choice's answer as a chat message (ms-swift's `ChatMessage`, without parsed tool calls)."""
+    content: str
+    role: str = "assistant"
 
 
 @dataclass
