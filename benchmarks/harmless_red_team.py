@@ -84,12 +84,12 @@ def main() -> None:
     if not os.path.exists(f"{sft}/model.safetensors"):
         swift("sft", "--model", "builtin:tiny-chat", "--dataset", "builtin:toy-safety-sft", "--tuner_type", "full",
               "--max_steps", str(a.sft_steps), "--per_device_train_batch_size", "32", "--learning_rate", "3e-3",
-              "--adam_beta2", "0.98", "--weight_decay", "0.1", "--warmup_ratio", "0.05", "--seed", str(a.seed),
+              "--adam_beta2", "0.98", "--weight_decay", "0.1", "--warmup_ratio", "0.05", "--seed", str(a.seed), "--data_seed", str(a.seed),
               "--gradient_checkpointing", "false", "--output_dir", sft, *QUIET)
     online = ["--model", sft, "--dataset", "builtin:toy-safety-sft", "--reward_funcs", "refusal", "--tuner_type",
               "full", "--num_generations", "8", "--per_device_train_batch_size", "64", "--max_completion_length",
               "12", "--temperature", "1.0", "--learning_rate", "1e-4", "--lr_scheduler_type", "constant",
-              "--beta", "0.05", "--seed", str(a.seed), "--logging_steps", "1", "--gradient_checkpointing", "false",
+              "--beta", "0.05", "--seed", str(a.seed), "--data_seed", str(a.seed), "--logging_steps", "1", "--gradient_checkpointing", "false",
               *QUIET]
     runs = {"RePULSe": ["--rlhf_type", "harmless", "--target_dist_beta", "-10", "--alpha", "10", "--threshold", "0",
                         "--actor_learning_rate", "1e-3", "--max_steps", str(a.steps)],

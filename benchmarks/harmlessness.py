@@ -94,7 +94,7 @@ def main() -> None:
             out = os.path.join(a.out, f"{name.replace(' ', '_')}-{seed}")
             # a checkpoint every `every` steps of RePULSe (every 2·`every` of the others): the same samples
             every = a.every * (1 if name in WITH_PROPOSAL else 2)
-            argv = [sys.executable, "-m", "swift.cli.main", "rlhf", *COMMON, *flags, "--seed", str(seed),
+            argv = [sys.executable, "-m", "swift.cli.main", "rlhf", *COMMON, *flags, "--seed", str(seed), "--data_seed", str(seed),
                     "--num_generations", str(a.samples), "--per_device_train_batch_size", str(a.samples),
                     "--save_strategy", "steps", "--save_only_model", "true", "--save_steps", str(every),
                     "--output_dir", out]

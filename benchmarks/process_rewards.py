@@ -195,7 +195,7 @@ def grpo(policy: str, train: str, held: str, out: str, temperature: float, seed:
           "lora", *reward, "--num_generations", "8", "--per_device_train_batch_size", "128",
           "--max_completion_length", str(max_length), "--temperature", str(temperature), "--beta", "0",
           "--learning_rate", "1e-3", "--warmup_ratio", "0.05", "--max_steps", "60", "--eval_on_start", "true",
-          "--eval_steps", str(eval_steps), "--logging_steps", str(eval_steps), "--seed", str(seed), *COMMON,
+          "--eval_steps", str(eval_steps), "--logging_steps", str(eval_steps), "--seed", str(seed), "--data_seed", str(seed), *COMMON,
           "--output_dir", out, *extra, log=out + ".log")
     return logged(out, f"eval_rewards/{metric}/mean"), logged(out, "eval_completions/mean_length")
 

@@ -37,7 +37,7 @@ def sft_command(quickstart: str, out: str, steps: int) -> list[str]:
 
 def grpo_command(model: str, out: str, seed: int) -> list[str]:
     return ["swift", "rlhf", "--rlhf_type", "grpo", "--model", model, "--dataset", f"{TASK}#4000",
-            "--val_dataset", f"{TASK}:eval#128", "--seed", str(seed), "--output_dir", out,
+            "--val_dataset", f"{TASK}:eval#128", "--seed", str(seed), "--data_seed", str(seed), "--output_dir", out,
             "--tuner_type", "lora", "--reward_funcs", "reasoning_gym", "--num_generations", "8",
             "--per_device_train_batch_size", "256", "--max_completion_length", "6", "--temperature", "2.5",
             "--beta", "0", "--learning_rate", "2e-3", "--warmup_ratio", "0.05", "--max_steps", "60",

@@ -76,6 +76,7 @@ swift sft \
     --adam_beta2 0.98 \
     --warmup_ratio 0.05 \
     --seed "$SEED" \
+    --data_seed "$SEED" \
     --gradient_checkpointing false \
     --save_strategy no \
     --add_version false \
@@ -112,6 +113,7 @@ for round in $(seq 1 "$ROUNDS"); do
         --num_train_epochs "$DPO_EPOCHS" \
         --per_device_train_batch_size 32 \
         --seed "$SEED" \
+        --data_seed "$SEED" \
         --gradient_checkpointing false \
         --save_strategy no \
         --add_version false \

@@ -22,6 +22,7 @@ swift pt \
     --weight_decay 0.1 \
     --warmup_ratio 0.05 \
     --seed "$SEED" \
+    --data_seed "$SEED" \
     --save_strategy no \
     --add_version false \
     --gradient_checkpointing false \
@@ -45,6 +46,7 @@ swift sft \
     --predict_with_generate true \
     --generation_max_length 8 \
     --seed "$SEED" \
+    --data_seed "$SEED" \
     --save_strategy no \
     --add_version false \
     --output_dir "$OUT/sft"

@@ -40,6 +40,7 @@ swift sft \
     --warmup_ratio 0.05 \
     --eval_steps "$STEPS" \
     --seed "$SEED" \
+    --data_seed "$SEED" \
     --save_strategy no \
     --add_version false \
     --gradient_checkpointing false \

@@ -24,7 +24,9 @@ class DataArguments:
         "help": "Each batch becomes one row without padding: its samples side by side, with per-sample position "
                 "ids and a block-diagonal causal mask (pt/sft; sdpa or eager attention)."})
     packing: bool = field(default=False, metadata={"help": "Bin-pack samples into rows of --max_length; tokens never attend across samples."})
-    dataset_shuffle: bool = field(default=True, metadata={"help": "Shuffle the mixed dataset once after loading."})
+    dataset_shuffle: bool | None = field(default=None, metadata={
+        "help": "Shuffle the mixed dataset once after loading, with --data_seed (default: true; --streaming reads "
+                "rows in order, so false there)."})
     model_name: list[str] = field(default_factory=list, metadata={
         "help": "Fills {{NAME}} in the rows (e.g. builtin:self-cognition): one value, or the Chinese and English form."})
     model_author: list[str] = field(default_factory=list, metadata={
@@ -62,6 +64,10 @@ class DataArguments:
         if self.streaming and self.split_dataset_ratio > 0:
             raise SwiftError("--streaming reads rows in order and holds none out: give --val_dataset instead of "
                              "--split_dataset_ratio")
+        if self.streaming and self.dataset_shuffle:  # (ms-swift shuffles a stream in a buffer; here it is not)
+            raise SwiftError("--dataset_shuffle true: --streaming reads rows in the files' order and shuffles none "
+                             "(#N takes the first N rows); leave it out, or drop --streaming")
+        self.dataset_shuffle = not self.streaming if self.dataset_shuffle is None else self.dataset_shuffle
         if (self.streaming or self.lazy_tokenize) and self.dataset_num_proc != 1:
             raise SwiftError(f"--dataset_num_proc encodes rows up front; with --{'streaming' if self.streaming else 'lazy_tokenize'} "
                              "rows are encoded as training reaches them")
@@ -70,6 +76,10 @@ class DataArguments:
             self.cached_dataset = [self.cached_dataset]
         if self.cached_dataset:
             self._check_cached()
+        from swift.dataset.loader import DatasetSpec  # (the loader imports the templates: not at import time)
+
+        for spec in self.dataset + self.val_dataset:  # a bad `#N` is refused here; the files are checked by
+            DatasetSpec.parse(spec)                   # `check_specs`, before the model loads
 
     def _check_cached(self) -> None:
         """Flags that decide how rows are read and encoded were applied by the export already."""
@@ -79,8 +89,8 @@ class DataArguments:
         if read:
             raise SwiftError(f"--{read[0]} reads or encodes rows; with --cached_dataset the rows are encoded already "
                              "(pass it to `swift export --to_cached_dataset` instead)")
-        lazy = [f for f, default in (("streaming", False), ("lazy_tokenize", False), ("dataset_shuffle", True))
-                if getattr(self, f) != default]
+        lazy = [f for f, default in (("streaming", False), ("lazy_tokenize", False)) if getattr(self, f) != default]
+        lazy += ["dataset_shuffle"] if self.dataset_shuffle is False else []
         if lazy:
             raise SwiftError(f"--{lazy[0]} is about reading rows; a --cached_dataset is read, shuffled (with its seed) "
                              "and encoded already")

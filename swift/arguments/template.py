@@ -15,7 +15,9 @@ class TemplateArguments:
     template: str | None = field(default=None, metadata={
         "help": "Chat template: chatml, qwen, llama3, jinja (the tokenizer's own). Inferred from the model when omitted."})
     system: str | None = field(default=None, metadata={"help": "System prompt used when a conversation has none."})
-    max_length: int = field(default=2048, metadata={"help": "Maximum tokens per sample (and per packed row)."})
+    max_length: int | None = field(default=None, metadata={
+        "help": "Maximum tokens per sample (and per packed row); default: the model's context length (its config's "
+                "max_position_embeddings, as ms-swift)."})
     truncation_strategy: Literal["delete", "left", "right"] = field(default="delete", metadata={
         "help": "Samples longer than --max_length: delete (drop and count), left (keep the end), right (keep the start)."})
     loss_scale: Literal["default", "last_round", "all"] = field(default="default", metadata={
@@ -26,8 +28,24 @@ class TemplateArguments:
             raise SwiftError(f"--truncation_strategy {self.truncation_strategy!r} is not one of {', '.join(TRUNCATION)}")
         if self.loss_scale not in LOSS_SCALES:
             raise SwiftError(f"--loss_scale {self.loss_scale!r} is not one of {', '.join(LOSS_SCALES)}")
-        if self.max_length < 2:
+        if self.max_length is not None and self.max_length < 2:
             raise SwiftError(f"--max_length must be at least 2, got {self.max_length}")
+
+
+# the config keys that hold a model's context length (ms-swift's list); the smallest one given counts
+CONTEXT_KEYS = ("seq_length", "max_position_embeddings", "n_positions", "model_max_length", "seq_len", "max_seq_len",
+                "max_sequence_length", "max_seq_length")
+FALLBACK_MAX_LENGTH = 2048
+
+
+def model_max_length(config) -> int:
+    """--max_length's default: the model's context length from its config (a multimodal model's text
+    config), as ms-swift takes it (before 2026-12-07 the default was 2048 for every model). A config
+    that names none gets 2048, where ms-swift caps nothing: an uncapped long sample would run out of
+    memory late in a run, while one over the cap is dropped and counted before training starts."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    lengths = [v for k in CONTEXT_KEYS if isinstance(v := getattr(text, k, None), int) and v > 1]
+    return min(lengths) if lengths else FALLBACK_MAX_LENGTH
 
 
 @dataclass

@@ -61,6 +61,7 @@ def encode_and_save(a, folder: str) -> dict:
     encoded as `swift sft` does (the same functions, the run's data seed), saved with its encoding."""
     from transformers import AutoConfig
 
+    from swift.arguments.template import model_max_length
     from swift.dataset.encode import encode_rows
     from swift.dataset.loader import read_rows
     from swift.model.loader import load_tokenizer, resolve_model_dir
@@ -68,8 +69,11 @@ def encode_and_save(a, folder: str) -> dict:
 
     model_dir, _ = resolve_model_dir(a.model, use_hf=a.use_hf)
     tokenizer = load_tokenizer(model_dir)
-    name = choose_template(a.template, None, AutoConfig.from_pretrained(model_dir).model_type, tokenizer)
-    template = get_template(name, tokenizer, system=a.system, max_length=a.max_length,
+    config = AutoConfig.from_pretrained(model_dir)
+    name = choose_template(a.template, None, config.model_type, tokenizer)
+    # --max_length's default as training resolves it (the model's context), recorded as that number
+    max_length = a.max_length if a.max_length is not None else model_max_length(config)
+    template = get_template(name, tokenizer, system=a.system, max_length=max_length,
                             truncation_strategy=a.truncation_strategy, loss_scale=a.loss_scale)
     data = a.options.data_args()
     train_rows, val_rows = read_rows(data, a.seed, a.use_hf)

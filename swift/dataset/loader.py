@@ -3,7 +3,8 @@
 A spec is `path_or_id[:subset][#N]`: a local file (jsonl, json, csv, parquet, txt), a hub dataset
 id (ModelScope by default, HF with --use_hf), `builtin:<name>[:train|eval]`, or a reasoning-gym task
 `reasoning_gym:<task>[?config][:train|eval]` (swift/dataset/reasoning_gym.py). `#N` takes N rows:
-a random sample when N is smaller than the dataset, whole repeats plus a sample when larger.
+a random sample when N is smaller than the dataset, whole repeats plus a sample when larger; with
+--split_dataset_ratio the validation rows are held out first and the N include them (ms-swift's order).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import csv
 import json
 import os
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +27,13 @@ from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
 logger = get_logger(__name__)
+DATA_SEED = 42  # --data_seed's default (ms-swift's): which rows are sampled, held out and in what order
 FILE_TYPES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+HUB_DATA_TYPES = (".jsonl", ".json", ".csv", ".parquet")
+HUB_METADATA = {"dataset_infos.json", "dataset_info.json", "dataset_dict.json", "state.json", "configuration.json"}
+NOT_TEXT_DATA = ("LICENSE", "LICENCE", "README", "NOTICE", "COPYING", "CITATION", "REQUIREMENTS")
+SPLIT_DIRS = {"train", "test", "validation", "valid", "val", "dev", "eval"}
+TRAIN_FILE = re.compile(r"(^|[^a-z])train")  # train-0000.parquet, data/train/x.jsonl, training.json; not constraint
 
 
 @dataclass
@@ -37,7 +45,7 @@ class DatasetSpec:
     @classmethod
     def parse(cls, spec: str) -> "DatasetSpec":
         source, n = spec, None
-        if "#" in spec:
+        if "#" in spec and not os.path.exists(spec):  # a file named v#2.jsonl is that file
             source, _, count = spec.rpartition("#")
             if not count.isdigit() or int(count) == 0:
                 raise SwiftError(f"dataset spec '{spec}': the part after '#' must be a positive row count")
@@ -115,6 +123,8 @@ def iter_file(path: str) -> Iterator[tuple[int, Any]]:
 
 def _read_file(path: str) -> Iterator[tuple[int, Any]]:
     suffix = Path(path).suffix.lower()
+    if suffix == ".json" and _json_lines(path):  # HF's json loader reads JSON lines under .json too
+        suffix = ".jsonl"
     if suffix in (".jsonl", ".txt"):  # read by line: a line that is not UTF-8 is that row's error
         with open(path, "rb") as f:
             for i, raw in enumerate(f, 1):
@@ -138,13 +148,15 @@ def _read_file(path: str) -> Iterator[tuple[int, Any]]:
                 data = json.load(f)
             except json.JSONDecodeError as e:
                 raise SwiftError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-        if isinstance(data, dict):  # {"data": [...]} or a single row
-            data = next((v for v in data.values() if isinstance(v, list)), [data])
+        if isinstance(data, dict):  # {"data": [rows...]} or a single row
+            data = next((v for v in data.values() if _is_row_list(v)), [data])
         yield from enumerate(data, 1)
     elif suffix == ".csv":
         with open(path, encoding="utf-8", newline="") as f:
             for i, row in enumerate(csv.DictReader(f), 2):  # row 1 is the header
-                yield i, row
+                # an empty cell is a missing value, as HF's csv loader reads it (before 2026-12-07 an
+                # empty `system` cell was an empty system turn)
+                yield i, {k: (None if v == "" else v) for k, v in row.items()}
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -153,15 +165,86 @@ def _read_file(path: str) -> Iterator[tuple[int, Any]]:
         raise SwiftError(f"dataset file {path}: unsupported type '{suffix}'; use one of {', '.join(FILE_TYPES)}")
 
 
+def _json_lines(path: str) -> bool:
+    """Whether a .json file holds one JSON value a line (its first line a whole object)."""
+    with open(path, "rb") as f:
+        if f.read(1) != b"{":  # (an array is one JSON value: its line is not read twice)
+            return False
+        first = b"{" + f.readline().strip()
+        rest = f.read(1)
+    if not rest:
+        return False
+    try:
+        return isinstance(json.loads(first), dict)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def _is_row_list(value: Any) -> bool:
+    """A list of rows (objects that are not messages): the rows of a `{"data": [...]}` file. A
+    single row's `{"messages": [...]}` is one row (before 2026-12-07 its messages were read as rows)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, dict) and not {"role", "from"} & v.keys() for v in value)
+
+
 def _hub_files(spec: DatasetSpec, use_hf: bool) -> list[str]:
-    root = snapshot_download(spec.source, use_hf=use_hf, repo_type="dataset")
-    files = sorted(str(p) for p in Path(root).rglob("*") if p.suffix.lower() in FILE_TYPES and ".git" not in p.parts)
+    """The data files of a hub dataset: those of `:subset` (a folder or file name), its train files
+    where it names some. Only data types are read: no LICENSE.txt or dataset_infos.json (a .txt file
+    only in a text dataset, one with no other data). A dataset whose files lie in several subset
+    folders and no `:subset` is refused, naming them (before 2026-12-07 the subsets were mixed, and
+    `:subset` matched any part of a file name)."""
+    root = Path(snapshot_download(spec.source, use_hf=use_hf, repo_type="dataset"))
+    found = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    found = [p for p in found if not any(part.startswith(".") for part in p.parts)]
+    files = [p for p in found if p.suffix.lower() in HUB_DATA_TYPES and p.name.lower() not in HUB_METADATA]
+    if not files:  # a text dataset
+        files = [p for p in found if p.suffix.lower() == ".txt" and not p.stem.upper().startswith(NOT_TEXT_DATA)]
+    subsets = _subsets(files)
     if spec.subset:
-        files = [f for f in files if spec.subset in Path(f).relative_to(root).parts or spec.subset in Path(f).stem]
-    train = [f for f in files if "train" in Path(f).name]
+        files = [p for p in files if spec.subset in p.parts[:-1] or p.stem == spec.subset]
+    elif len(subsets) > 1:
+        raise SwiftError(f"dataset '{spec.source}' has several subsets ({', '.join(subsets)}): give one, e.g. "
+                         f"'{spec.source}:{subsets[0]}'")
     if not files:
-        raise SwiftError(f"dataset '{spec.source}' (subset {spec.subset}) has no data files")
-    return train or files
+        known = f" (its subsets: {', '.join(subsets)})" if subsets else ""
+        raise SwiftError(f"dataset '{spec.source}'{f' subset {spec.subset!r}' if spec.subset else ''} has no data "
+                         f"files{known}")
+    train = [p for p in files if TRAIN_FILE.search(str(p).lower())]
+    return [str(root / p) for p in train or files]
+
+
+def _subsets(files: list[Path]) -> list[str]:
+    """The folders that hold a hub dataset's subsets: where the files' folders first differ (a split
+    folder, train/ or test/, is not a subset)."""
+    dirs = [p.parts[:-1] for p in files]
+    depth = 0
+    while dirs and all(len(d) > depth for d in dirs) and len({d[depth] for d in dirs}) == 1:
+        depth += 1
+    return sorted({d[depth] for d in dirs if len(d) > depth and d[depth].lower() not in SPLIT_DIRS})
+
+
+def _local(spec: DatasetSpec, flag: str) -> list[str] | None:
+    """A local spec's files, None for a hub id; a path that looks local and is not there is refused."""
+    if os.path.isfile(spec.source):
+        return [spec.source]
+    if os.path.isdir(spec.source):
+        return sorted(str(p) for p in Path(spec.source).rglob("*") if p.suffix.lower() in FILE_TYPES)
+    if os.path.exists(spec.source) or spec.source.endswith(FILE_TYPES) or spec.source.count("/") != 1:
+        raise SwiftError(f"{flag} {spec.source}: no such file")
+    return None
+
+
+def check_specs(specs: list[str], flag: str = "--dataset") -> None:
+    """Parse every spec, and check its local file or built-in name: training calls it before the
+    model loads (before 2026-12-07 a missing file stopped the run after the model had loaded)."""
+    for text in specs:
+        spec = DatasetSpec.parse(text)
+        if spec.source.startswith("builtin:"):
+            BUILTIN_DATASETS.get(spec.source[len("builtin:"):])
+            if (spec.subset or "train") not in SPLITS:
+                raise SwiftError(f"{flag} {text}: subset '{spec.subset}' is not one of {', '.join(SPLITS)}")
+        elif not spec.source.startswith(("reasoning_gym:", "verifiers:")):
+            _local(spec, flag)
 
 
 def iter_raw(spec: DatasetSpec, use_hf: bool = False, flag: str = "--dataset") -> Iterator[tuple[str, Any]]:
@@ -183,13 +266,8 @@ def iter_raw(spec: DatasetSpec, use_hf: bool = False, flag: str = "--dataset") -
 
             yield from verifiers_env.iter_rows(spec.source, split, spec.n)
         return
-    if os.path.isfile(spec.source):
-        files = [spec.source]
-    elif os.path.isdir(spec.source):
-        files = sorted(str(p) for p in Path(spec.source).rglob("*") if p.suffix.lower() in FILE_TYPES)
-    elif os.path.exists(spec.source) or spec.source.endswith(FILE_TYPES) or spec.source.count("/") != 1:
-        raise SwiftError(f"{flag} {spec.source}: no such file")
-    else:
+    files = _local(spec, flag)
+    if files is None:
         files = _hub_files(spec, use_hf)
     for path in files:
         for i, row in iter_file(path):
@@ -227,39 +305,63 @@ def _take(rowset: RowSet, n: int, rng: random.Random) -> RowSet:
 def load_rows(specs: list[str], *, column_map: dict | None = None, strict: bool = False, seed: int = 42,
               use_hf: bool = False, shuffle: bool = False, flag: str = "--dataset") -> RowSet:
     """Load and mix several dataset specs into one RowSet of standard rows (`flag` names them in errors)."""
+    return load_split(specs, 0.0, column_map=column_map, strict=strict, seed=seed, use_hf=use_hf, shuffle=shuffle,
+                      flag=flag)[0]
+
+
+def load_split(specs: list[str], ratio: float, *, column_map: dict | None = None, strict: bool = False,
+               seed: int = 42, use_hf: bool = False, shuffle: bool = False,
+               flag: str = "--dataset") -> tuple[RowSet, RowSet]:
+    """(training rows, validation rows): `ratio` of each dataset's rows (at least one) held out before
+    its `#N` sample is taken from the rest, as ms-swift does, so the two never share a row (before
+    2026-12-07 the sample came first, and with N over the dataset's size its repeats were split)."""
     rng = random.Random(seed)
-    mixed = RowSet()
+    train, val = RowSet(), RowSet()
     for text in specs:
         spec = DatasetSpec.parse(text)
-        part = RowSet()
-        for origin, row in standard_rows(spec, column_map=column_map or {}, strict=strict, use_hf=use_hf, flag=flag):
-            part.seen += 1
-            if isinstance(row, RowError):
-                part.reject(origin, row, strict)
-            else:
-                part.add(row, origin)
-        if not part.rows:
-            raise SwiftError(f"{flag} {text}: no usable rows" + (f" ({part.dropped.most_common(1)[0][0]})" if part.dropped else ""))
-        if spec.n is not None:
-            part = _take(part, spec.n, rng)
-        mixed.extend(part)
+        part = _read(text, spec, column_map=column_map or {}, strict=strict, use_hf=use_hf, flag=flag)
+        n = spec.n
+        if ratio > 0:
+            held, part = _hold_out(part, ratio, n, rng, f"{flag} {text}")
+            val.extend(held)
+            n = None if n is None else n - len(held)  # ms-swift: the N rows are train and val together
+        if n is not None:
+            part = _take(part, n, rng)
+        train.extend(part)
     if shuffle:
-        order = list(range(len(mixed.rows)))
+        order = list(range(len(train.rows)))
         rng.shuffle(order)
-        mixed.rows = [mixed.rows[i] for i in order]
-        mixed.origins = [mixed.origins[i] for i in order]
-    return mixed
+        train.rows = [train.rows[i] for i in order]
+        train.origins = [train.origins[i] for i in order]
+    return train, val
 
 
-def split_rows(rowset: RowSet, ratio: float, seed: int) -> tuple[RowSet, RowSet]:
-    """Hold out `ratio` of the rows (at least one) for validation."""
+def _read(text: str, spec: DatasetSpec, *, column_map: dict, strict: bool, use_hf: bool, flag: str) -> RowSet:
+    part = RowSet()
+    for origin, row in standard_rows(spec, column_map=column_map, strict=strict, use_hf=use_hf, flag=flag):
+        part.seen += 1
+        if isinstance(row, RowError):
+            part.reject(origin, row, strict)
+        else:
+            part.add(row, origin)
+    if not part.rows:
+        raise SwiftError(f"{flag} {text}: no usable rows" + (f" ({part.dropped.most_common(1)[0][0]})" if part.dropped else ""))
+    return part
+
+
+def _hold_out(rowset: RowSet, ratio: float, n: int | None, rng: random.Random, what: str) -> tuple[RowSet, RowSet]:
+    """(held-out rows, the rest): `ratio` of the dataset's rows, or of its `#N` when that is fewer."""
     order = list(range(len(rowset.rows)))
-    random.Random(seed).shuffle(order)
-    n_val = max(1, int(round(len(order) * ratio)))
-    train, val = RowSet(dropped=rowset.dropped, first_bad=rowset.first_bad, seen=rowset.seen), RowSet()
+    rng.shuffle(order)
+    size = min(len(order), n or len(order))
+    n_val = max(1, int(round(size * ratio)))
+    if n_val >= size:
+        raise SwiftError(f"{what}: --split_dataset_ratio {ratio} holds out {n_val} of its {size} rows, leaving none "
+                         "to train on")
+    val, train = RowSet(), RowSet(dropped=rowset.dropped, first_bad=rowset.first_bad, seen=rowset.seen)
     for k, i in enumerate(order):
         (val if k < n_val else train).add(rowset.rows[i], rowset.origins[i])
-    return train, val
+    return val, train
 
 
 def read_rows(data_args, seed: int, use_hf: bool) -> tuple[RowSet, RowSet]:
@@ -267,13 +369,9 @@ def read_rows(data_args, seed: int, use_hf: bool) -> tuple[RowSet, RowSet]:
     split and filled ({{NAME}}, {{AUTHOR}}) as training reads them (`swift export --to_cached_dataset` too)."""
     d = data_args
     load = dict(column_map=d.column_map, strict=d.strict, seed=seed, use_hf=use_hf)
-    train_rows = load_rows(d.dataset, shuffle=d.dataset_shuffle, **load)
+    train_rows, val_rows = load_split(d.dataset, d.split_dataset_ratio, shuffle=d.dataset_shuffle, **load)
     if d.val_dataset:
         val_rows = load_rows(d.val_dataset, flag="--val_dataset", **load)
-    elif d.split_dataset_ratio > 0:
-        train_rows, val_rows = split_rows(train_rows, d.split_dataset_ratio, seed)
-    else:
-        val_rows = RowSet()
     for rows in (train_rows, val_rows):
         self_cognition.fill_identity(rows.rows, d.model_name, d.model_author)
     return train_rows, val_rows

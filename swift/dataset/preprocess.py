@@ -16,8 +16,11 @@ RESPONSE_KEYS = ("response", "answer", "output", "solution", "completion")
 SYSTEM_KEYS = ("system", "system_prompt")
 CHOSEN_KEYS = ("chosen", "response_chosen")
 REJECTED_KEYS = ("rejected", "rejected_response", "response_rejected", "negative")
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
-                  "observation": "tool", "tool": "tool", "function_call": "tool_call", "function": "tool"}
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "bot": "assistant", "assistant": "assistant",
+                  "system": "system", "observation": "tool", "tool": "tool", "function_call": "tool_call",
+                  "function": "tool"}
+# the columns ms-swift reads a conversation from (its MessagesPreprocessor), in that order
+CONVERSATION_KEYS = ("messages", "conversation", "conversations")
 
 
 def _first(row: dict, keys: tuple[str, ...]) -> tuple[str | None, Any]:
@@ -44,11 +47,15 @@ def _message_list(value: Any, what: str) -> list[dict]:
     return value
 
 
-def _messages_from_sharegpt(turns: list) -> list[dict]:
+def _messages_from_turns(turns: list) -> list[dict]:
+    """A conversation column's turns as messages: a ShareGPT turn (`from`/`value`, its roles
+    human/gpt/bot/observation/...) is converted, a message (`role`/`content`) kept as it is, in any
+    of ms-swift's conversation columns (before 2026-12-07 `conversations` read only ShareGPT turns)."""
     out = []
     for t in turns:
-        if not isinstance(t, dict) or "from" not in t:
-            raise RowError("a ShareGPT turn must be an object with 'from' and 'value'")
+        if "from" not in t:
+            out.append(t)
+            continue
         role = SHAREGPT_ROLES.get(t["from"])
         if role is None:
             raise RowError(f"unknown ShareGPT role '{t['from']}'")
@@ -71,8 +78,9 @@ def _messages_from_transcript(text: str) -> list[dict]:
 
 
 def _messages_from_query(row: dict, used: set[str]) -> list[dict] | None:
-    # Alpaca: `instruction` is the query and `input` extends it.
-    qk, query = ("instruction", row["instruction"]) if row.get("instruction") is not None else _first(row, QUERY_KEYS)
+    # Alpaca: `instruction` is the query and `input` extends it; an empty instruction leaves `input`
+    # alone as the query, as in ms-swift (before 2026-12-07 it was "\n" + input)
+    qk, query = ("instruction", row["instruction"]) if row.get("instruction") else _first(row, QUERY_KEYS)
     rk, response = _first(row, tuple(k for k in RESPONSE_KEYS if k != qk))
     if qk is None and rk is None:
         return None
@@ -107,14 +115,10 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
     row = {column_map.get(k, k): v for k, v in raw.items()} if column_map else dict(raw)
     used: set[str] = set()
     messages = None
-    if "messages" in row:
-        used.add("messages")
-        messages = row["messages"]
-        if isinstance(messages, list) and messages and isinstance(messages[0], dict) and "from" in messages[0]:
-            messages = _messages_from_sharegpt(messages)
-    elif "conversations" in row:
-        used.add("conversations")
-        messages = _messages_from_sharegpt(_message_list(row["conversations"], "conversations"))
+    conversation = next((k for k in CONVERSATION_KEYS if k in row), None)
+    if conversation:
+        used.add(conversation)
+        messages = _messages_from_turns(_message_list(row[conversation], conversation))
     elif "text" in row and not any(k in row for k in QUERY_KEYS + CHOSEN_KEYS):
         text = row["text"]
         if not isinstance(text, str) or not text:
@@ -131,7 +135,7 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
     if messages is None:
         messages = _messages_from_query(row, used)
     if messages is None:
-        raise RowError(f"no conversation found: expected 'messages', 'conversations', 'text', or query/response "
+        raise RowError(f"no conversation found: expected 'messages', 'conversation(s)', 'text', or query/response "
                        f"columns ({'|'.join(QUERY_KEYS)} / {'|'.join(RESPONSE_KEYS)}); got {sorted(raw)}")
     messages = _tool_roles([dict(m) for m in _message_list(messages, "messages")])
     if ck is not None and ck not in used:  # preference row: chosen is the final assistant turn
@@ -140,20 +144,14 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
     if jk is not None:
         used.add(jk)
         out["rejected_response"] = _as_text(rejected, jk)
-    if "label" in row and row["label"] is not None:
-        used.add("label")
-        out["label"] = as_bool(row["label"])
     _check_messages(messages)
     if "rejected_response" in out and messages[-1]["role"] == "assistant" \
             and out["rejected_response"] == messages[-1]["content"]:
         raise RowError("rejected response equals the chosen response")
     out["messages"] = messages
-    if isinstance(row.get("tools"), str):  # ms-swift's rows carry the tool list as a JSON string
+    if row.get("tools") is not None:
         used.add("tools")
-        try:
-            out["tools"] = json.loads(row["tools"])
-        except json.JSONDecodeError:
-            raise RowError(f"tools is not a JSON list: {row['tools'][:80]!r}") from None
+        out["tools"] = _tools(row["tools"])
     for k in used & {"solution", "answer"}:  # also a column, as in ms-swift: reward functions read it
         out[k] = row[k]
     if "prompt" in used and isinstance(row["prompt"], str):  # TRL's standard (text) format: its reward
@@ -162,6 +160,31 @@ def standardize(raw: dict, column_map: dict[str, str] | None = None) -> dict:
         if k not in used and k not in out:
             out[k] = v
     return out
+
+
+def _tools(tools: Any) -> list[dict]:
+    """The `tools` column: a list of tool signatures (objects), or ms-swift's JSON string of one.
+    Another shape is the row's error here (before 2026-12-07 it passed and the template stopped the
+    run with a traceback, --strict false too)."""
+    if isinstance(tools, str):  # ms-swift's rows carry the tool list as a JSON string
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError:
+            raise RowError(f"tools is not a JSON list: {tools[:80]!r}") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise RowError(f"tools must be a list of tool objects, got {repr(tools)[:80]}")
+    return tools
+
+
+def _check_calls(calls: Any, i: int) -> None:
+    """An assistant message's `tool_calls`: objects with a `name`, at the top (ms-swift's form) or in
+    OpenAI's `function` object (before 2026-12-07 another shape stopped encoding with a traceback)."""
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise RowError(f"message {i} has tool_calls {repr(calls)[:80]}; expected a list of call objects")
+    for c in calls:
+        call = c.get("function", c)
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+            raise RowError(f"message {i} has a tool call without a name: {repr(c)[:80]}")
 
 
 def _tool_roles(messages: list[dict]) -> list[dict]:
@@ -178,6 +201,7 @@ def _tool_roles(messages: list[dict]) -> list[dict]:
                 raise RowError(f"message {i} (tool_call) is not JSON: {str(m.get('content'))[:80]!r}") from None
             if not isinstance(call, dict) or "name" not in call:
                 raise RowError(f"message {i} (tool_call) needs a JSON object with 'name' and 'arguments'")
+            _check_calls([call], i)
             prev = out[-1] if out else None
             if prev is not None and prev["role"] == "assistant" and (prev.get("tool_calls") or i and
                                                                       messages[i - 1].get("role") == "assistant"):
@@ -187,6 +211,8 @@ def _tool_roles(messages: list[dict]) -> list[dict]:
             continue
         if role == "tool_response":
             m = {**m, "role": "tool"}
+        if m.get("tool_calls") is not None:
+            _check_calls(m["tool_calls"], i)
         if role == "assistant" and m.get("tool_calls") and m.get("content") is None:
             m = {**m, "content": ""}
         out.append(m)
@@ -195,7 +221,9 @@ def _tool_roles(messages: list[dict]) -> list[dict]:
 
 def as_bool(value: Any, what: str = "label") -> bool:
     """true/false, 1/0 or yes/no (any case; 1.0/0.0 from pandas or parquet too); anything else (-1 for
-    a thumbs-down, 2, None) is a row error, not a guess. KTO labels and PRM step labels both read this."""
+    a thumbs-down, 2, None) is a row error, not a guess. KTO labels and PRM step labels both read this,
+    where they are used: `label` stays as written in the row (before 2026-12-07 it was made a bool for
+    every command, so sft rows labelled "positive" were dropped and GRPO's reward functions got True for 1)."""
     if isinstance(value, str):
         if value.lower() in ("true", "1", "yes"):
             return True

@@ -65,8 +65,9 @@ def encode_unpaired(template: Template, row: dict, a=None) -> dict:
         raise RowError("no 'label' column (KTO data marks each answer desirable: true or false)")
     if row["messages"][-1]["role"] != "assistant":
         raise RowError("the last message must be the assistant answer being labelled")
+    label = as_bool(row["label"])  # read here, where it is KTO's: other commands keep the row's own value
     prompt, completion, labels = _split_completion(template, row)
-    return {"sequences": [(prompt + completion, [IGNORE_INDEX] * len(prompt) + labels)], "label": row["label"],
+    return {"sequences": [(prompt + completion, [IGNORE_INDEX] * len(prompt) + labels)], "label": label,
             "_prompt": prompt, "_completion": (completion, labels)}
 
 

@@ -347,7 +347,7 @@ def sample_main(args: SampleArguments | list[str] | None = None) -> dict[str, An
     a = resolve_args(SampleArguments, args, "swift sample")
     if os.path.exists(a.output_dir) and not os.path.isdir(a.output_dir):
         raise SwiftError(f"--output_dir {a.output_dir}: a file, not a directory")
-    rows = load_rows(a.dataset, strict=a.strict, seed=a.seed)
+    rows = load_rows(a.dataset, strict=a.strict, seed=a.seed, use_hf=a.use_hf)
     rows.report("sample dataset")
     indices = list(shard(len(rows), *a.data_range) if a.data_range else range(len(rows)))
     path, pairs_path = output_paths(a)

@@ -115,7 +115,7 @@ def test_ppo_reads_the_ppo_section_in_verl_units(tmp_path):
     assert a.output_dir == os.path.join("checkpoints", "proj", "exp") and a.run_name == "exp"
     assert a.report_to in ([], ["none"])
     # the DPO keys are not applied
-    assert a.max_length == 2048 and a.seed == 42 and a.max_steps == -1
+    assert a.max_length is None and a.seed == 42 and a.max_steps == -1  # (None: the model's context)
 
 
 def test_grpo_reads_the_same_section_with_the_kl_in_the_loss(tmp_path):

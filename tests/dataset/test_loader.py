@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from swift.dataset.loader import DatasetSpec, load_rows, split_rows
+from swift.dataset.loader import DatasetSpec, load_rows, load_split
 from swift.utils.registry import SwiftError
 
 
@@ -110,7 +110,7 @@ def test_builtin_split_is_deterministic_and_disjoint():
 
 def test_split_dataset_ratio(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", [qa(i) for i in range(20)])
-    train, val = split_rows(load_rows([path]), 0.25, seed=0)
+    train, val = load_split([path], 0.25, seed=0)
     assert len(train) == 15 and len(val) == 5
 
 
@@ -146,3 +146,150 @@ def test_self_cognition_rows_get_the_model_name_and_author(tmp_path):
     train, _, _ = streaming.datasets(template)
     first = [tokenizer.decode(s["input_ids"]) for s, _ in zip(train, range(22))]
     assert any("Xiao Huang" in t for t in first) and not any("{{" in t for t in first)
+
+
+def test_held_out_rows_are_never_training_rows(tmp_path):
+    """--split_dataset_ratio holds rows out of each dataset before its `#N` sample is taken from the
+    rest (ms-swift's order), so with N over the dataset's size no row is in both (before 2026-12-07
+    the repeats were split: validation rows were trained on). The N rows include the held-out ones."""
+    from swift.arguments.data import DataArguments
+    from swift.dataset.loader import read_rows
+
+    path = write_jsonl(tmp_path / "a.jsonl", [qa(i) for i in range(10)])
+    for spec, n_train, n_val in ((path + "#25", 23, 2), (path + "#5", 4, 1), (path, 8, 2)):
+        train, val = read_rows(DataArguments(dataset=[spec], split_dataset_ratio=0.2), 42, False)
+        assert not set(train.origins) & set(val.origins), spec
+        assert (len(train), len(val)) == (n_train, n_val), spec
+    with pytest.raises(SwiftError, match=r"a\.jsonl#1: --split_dataset_ratio 0\.2 holds out 1 of its 1 rows"):
+        load_split([path + "#1"], 0.2)
+
+
+def test_a_file_with_hash_in_its_name_and_bad_specs_before_the_model(tmp_path, monkeypatch):
+    """An existing v#2.jsonl is that file, not 2 rows of `v` (before 2026-12-07 it was refused as a
+    row count); a bad `#N` is refused with the arguments, a missing file or unknown built-in before
+    the model loads (before 2026-12-07: after it)."""
+    from swift.arguments import SftArguments
+    from swift.pipelines.train import TrainPipeline
+
+    path = write_jsonl(tmp_path / "v#2.jsonl", [qa(i) for i in range(3)])
+    assert len(load_rows([path])) == 3 and len(load_rows([path + "#5"])) == 5
+    with pytest.raises(SwiftError, match="the part after '#' must be a positive row count"):
+        SftArguments(model="builtin:tiny-chat", dataset=[str(tmp_path / "v#x")])
+
+    def no_model(self):
+        raise AssertionError("the model was loaded before the data was checked")
+
+    monkeypatch.setattr(TrainPipeline, "load", no_model)
+    for kwargs, problem in (({"dataset": [str(tmp_path / "nope.jsonl")]}, "^--dataset .*nope.jsonl: no such file"),
+                            ({"dataset": [path], "val_dataset": [str(tmp_path / "v.csv")]},
+                             "^--val_dataset .*v.csv: no such file"),
+                            ({"dataset": ["builtin:arith-sfy"]}, "unknown built-in dataset 'arith-sfy'"),
+                            ({"dataset": ["builtin:arith-sft:dev"]}, "subset 'dev' is not one of train, eval")):
+        pipeline = TrainPipeline(SftArguments(model="builtin:tiny-chat", output_dir=str(tmp_path / "out"), **kwargs))
+        with pytest.raises(SwiftError, match=problem):
+            pipeline.build_trainer()
+
+
+def test_file_shapes_read_as_hf_reads_them(tmp_path):
+    """A .json file of JSON lines is read by line, as HF's json loader does; a single object is one
+    row unless it wraps a list of rows; an empty CSV cell is a missing value (before 2026-12-07 the
+    first was refused, `{"messages": [...]}` was read as one row per message, and an empty `system`
+    cell was an empty system turn)."""
+    (tmp_path / "lines.json").write_text("".join(json.dumps(qa(i)) + "\n" for i in range(3)))
+    assert [r["messages"][0]["content"] for r in load_rows([str(tmp_path / "lines.json")]).rows] == ["q0", "q1", "q2"]
+    one = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    (tmp_path / "one.json").write_text(json.dumps(one, indent=2))
+    assert load_rows([str(tmp_path / "one.json")]).rows == [one]
+    (tmp_path / "wrapped.json").write_text(json.dumps({"version": 1, "data": [qa(0), qa(1)]}))
+    assert len(load_rows([str(tmp_path / "wrapped.json")])) == 2
+    with open(tmp_path / "s.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["system", "query", "response"], ["", "q", "a"], ["be brief", "q", "a"]])
+    rows = load_rows([str(tmp_path / "s.csv")]).rows
+    assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant"]
+    assert rows[1]["messages"][0] == {"role": "system", "content": "be brief"}
+
+
+def hub_tree(tmp_path, monkeypatch, files: dict[str, str]):
+    """A downloaded hub dataset: `files` under a snapshot folder that snapshot_download returns."""
+    from swift.dataset import loader
+
+    root = tmp_path / "snapshot"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    monkeypatch.setattr(loader, "snapshot_download", lambda *a, **k: str(root))
+
+
+def test_hub_subsets_are_given_not_mixed_and_only_data_files_are_read(tmp_path, monkeypatch):
+    """A hub dataset whose files lie in several subset folders needs `:subset`, which names a whole
+    folder or file; README, LICENSE.txt and dataset_infos.json are never rows (before 2026-12-07 the
+    subsets were mixed, `:subset` matched part of a name, and stray .txt/.json files were read)."""
+    line = lambda q: json.dumps(qa(q)) + "\n"  # noqa: E731
+    hub_tree(tmp_path, monkeypatch, {"main/train.jsonl": line("m"), "main/test.jsonl": line("mt"),
+                                     "socratic/train.jsonl": line("s"), "mainly/train.jsonl": line("x"),
+                                     "README.md": "# card", "LICENSE.txt": "MIT", "dataset_infos.json": "{}"})
+    with pytest.raises(SwiftError, match=r"^dataset 'org/gsm' has several subsets \(main, mainly, socratic\): "
+                                         r"give one, e.g. 'org/gsm:main'$"):
+        load_rows(["org/gsm"])
+    assert [r["messages"][0]["content"] for r in load_rows(["org/gsm:main"]).rows] == ["qm"]
+    assert [r["messages"][0]["content"] for r in load_rows(["org/gsm:socratic"]).rows] == ["qs"]
+    with pytest.raises(SwiftError, match=r"subset 'mai' has no data files \(its subsets: main, mainly, socratic\)"):
+        load_rows(["org/gsm:mai"])
+
+
+def test_hub_split_folders_and_stray_files(tmp_path, monkeypatch):
+    line = lambda q: json.dumps(qa(q)) + "\n"  # noqa: E731
+    hub_tree(tmp_path, monkeypatch, {"data/train/part-0.jsonl": line("a"), "data/test/part-0.jsonl": line("t"),
+                                     "dataset_infos.json": json.dumps({"default": {"splits": {}}}),
+                                     "LICENSE.txt": "MIT", "constraints.jsonl": line("c")})
+    # split folders are not subsets; the train split is read, not test, LICENSE.txt or dataset_infos.json
+    assert [r["messages"][0]["content"] for r in load_rows(["org/split"]).rows] == ["qa"]
+
+
+def test_hub_text_dataset(tmp_path, monkeypatch):
+    hub_tree(tmp_path, monkeypatch, {"corpus.txt": "line one\nline two\n", "LICENSE.txt": "MIT", "README.md": "x"})
+    assert load_rows(["org/text"]).rows == [{"text": "line one"}, {"text": "line two"}]
+
+
+def test_infer_and_sample_read_the_hub_they_are_told(tmp_path):
+    """--use_hf reaches swift infer's --val_dataset and swift sample's --dataset, and infer names its
+    own flag (before 2026-12-07 both read ModelScope and infer's errors said --dataset)."""
+    from swift.pipelines.infer import InferArguments, batch_infer
+    from swift.pipelines.sample import sample_main
+
+    hf = "cannot download dataset 'no-org/no-data' from the Hugging Face hub"
+    a = InferArguments(model="builtin:tiny-chat", val_dataset=["no-org/no-data"], use_hf=True)
+    with pytest.raises(SwiftError, match=hf):
+        batch_infer(a, None, None)
+    a = InferArguments(model="builtin:tiny-chat", val_dataset=[str(tmp_path / "nope.jsonl")])
+    with pytest.raises(SwiftError, match="^--val_dataset .*nope.jsonl: no such file"):
+        batch_infer(a, None, None)
+    with pytest.raises(SwiftError, match=hf):
+        sample_main(["--model", "builtin:tiny-chat", "--dataset", "no-org/no-data", "--use_hf", "true",
+                     "--output_dir", str(tmp_path / "s")])
+
+
+def test_data_seed_is_42_whatever_the_seed(tmp_path, tokenizer):
+    """--data_seed (ms-swift's default 42) picks the rows sampled and held out, and their order;
+    --seed does not (before 2026-12-07 it did: data_seed fell back to it). With --streaming rows are
+    read in order, so an explicit --data_seed or --dataset_shuffle true is refused."""
+    from swift.arguments import SftArguments
+    from swift.pipelines.train import TrainPipeline
+    from swift.template import get_template
+
+    path = write_jsonl(tmp_path / "a.jsonl", [qa(i) for i in range(30)])
+    template = get_template("chatml", tokenizer, max_length=64)
+    rows = {}
+    for seed, data_seed in ((1, None), (2, None), (1, 7)):
+        pipeline = TrainPipeline(SftArguments(model="builtin:tiny-chat", dataset=[path + "#12"], seed=seed,
+                                              split_dataset_ratio=0.25, data_seed=data_seed))
+        train, _, val = pipeline.datasets(template)
+        rows[seed, data_seed] = ([s["input_ids"] for s in train], [r["messages"][0]["content"] for r in val])
+    assert rows[1, None] == rows[2, None] != rows[1, 7]
+    assert pipeline.args.data_seed == 7 and TrainPipeline(SftArguments(model="m", dataset=[path])).args.data_seed == 42
+    stream = dict(model="builtin:tiny-chat", dataset=[path], streaming=True, max_steps=2)
+    assert SftArguments(**stream).dataset_shuffle is False and SftArguments(model="m", dataset=[path]).dataset_shuffle
+    with pytest.raises(SwiftError, match="^--dataset_shuffle true: --streaming reads rows in the files' order"):
+        SftArguments(**stream, dataset_shuffle=True)
+    with pytest.raises(SwiftError, match="^--data_seed: --streaming reads rows in order"):
+        TrainPipeline(SftArguments(**stream, data_seed=3))

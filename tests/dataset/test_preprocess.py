@@ -60,9 +60,23 @@ def test_hh_rlhf_transcripts():
     assert row["messages"][-1]["content"] == "sure" and row["rejected_response"] == "no"
 
 
-def test_kto_label():
-    row = standardize({"prompt": "q", "completion": "a", "label": "false"})
-    assert row["label"] is False
+def test_label_is_kept_as_written_and_read_as_a_boolean_by_kto_alone(tokenizer):
+    """A `label` column is the row's own (an sft file's "positive", a GRPO answer "4" or 1 for the
+    reward functions); KTO's encoder reads it as true/false. (Before 2026-12-07 every command made
+    it a bool: those sft and GRPO rows were dropped, and 1 reached the reward functions as True.)"""
+    from swift.pipelines.rlhf import encode_unpaired
+    from swift.template import get_template
+
+    for label in ("positive", "4", 1, None):
+        assert standardize({"prompt": "q", "completion": "a", "label": label})["label"] == label
+    assert type(standardize({"prompt": "q", "completion": "a", "label": 1})["label"]) is int
+    template = get_template("chatml", tokenizer)
+    assert encode_unpaired(template, standardize({"prompt": "q", "completion": "a", "label": "false"}))["label"] is False
+    assert encode_unpaired(template, standardize({"prompt": "q", "completion": "a", "label": 1.0}))["label"] is True
+    for label, problem in ((-1, "label -1 is not a boolean"), (2, "label 2 is not a boolean"),
+                           ("positive", "label 'positive' is not a boolean"), (None, "label None is not a boolean")):
+        with pytest.raises(RowError, match=problem):
+            encode_unpaired(template, standardize({"prompt": "q", "completion": "a", "label": label}))
 
 
 def test_content_parts_are_read_as_the_server_reads_them():
@@ -91,8 +105,24 @@ def test_raw_text():
     ({"query": "1+1=", "response": "2", "history": [["a"]]}, "history entry .* is not a \\[query, response\\] pair"),
     ({"conversations": None}, "conversations must be a list"),
     ({"prompt": [1], "completion": "a"}, "prompt must be a list of message objects"),
-    ({"prompt": "q", "completion": "a", "label": -1}, "label -1 is not a boolean"),
-    ({"prompt": "q", "completion": "a", "label": 2}, "label 2 is not a boolean"),
+    # tools and tool calls of another shape (before 2026-12-07 the template stopped the run with a
+    # KeyError, AttributeError or TypeError, --strict false too)
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"arguments": "{}"}}]}]}, "message 1 has a tool call without a name"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": ["add"]}]},
+     "message 1 has tool_calls \\['add'\\]; expected a list of call objects"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": {
+        "name": "add"}}]}, "message 1 has tool_calls"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": "add"}]}]}, "message 1 has a tool call without a name"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "tool_call", "content": '{"name": 3}'}]},
+     "message 1 has a tool call without a name"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": 5},
+     "tools must be a list of tool objects"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": '{"name": "f"}'},
+     "tools must be a list of tool objects"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": ["f"]},
+     "tools must be a list of tool objects"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
                    {"role": "assistant", "content": "a"}]}, "message 0 has a 'image_url' part; text parts only"),
     ({"messages": [{"role": "user", "content": True}, {"role": "assistant", "content": "a"}]}, "content True"),
@@ -127,3 +157,45 @@ def test_problem_solution_rows_keep_the_solution_column():
                                {"role": "assistant", "content": "\\boxed{2}"}]
     assert row["solution"] == "\\boxed{2}"
     assert "response" not in row and standardize({"query": "q", "response": "r"}).keys() == {"messages"}
+
+
+def test_badly_shaped_tools_are_dropped_and_counted_not_a_traceback(tmp_path, tokenizer):
+    """Rows whose tools or tool calls the template cannot render are the row's error when read:
+    dropped and counted with --strict false, named with --strict true; the other rows encode."""
+    import json
+
+    from swift.dataset.encode import encode_rows
+    from swift.dataset.loader import load_rows
+    from swift.template import get_template
+    from swift.utils.registry import SwiftError
+
+    turn = [{"role": "user", "content": "q"}]
+    rows = [{"messages": [*turn, {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": {}}}]}]},
+            {"messages": [*turn, {"role": "assistant", "content": "", "tool_calls": ["f"]}]},
+            {"messages": [*turn, {"role": "assistant", "content": "a"}], "tools": 5},
+            {"messages": [*turn, {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+             "tools": json.dumps([{"type": "function", "function": {"name": "f"}}])}]
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_rows([str(path)])
+    assert len(loaded) == 1 and sum(loaded.dropped.values()) == 3
+    assert len(encode_rows(loaded, get_template("chatml", tokenizer), strict=True)) == 1
+    with pytest.raises(SwiftError, match=r"tools\.jsonl row 1: message 1 has a tool call without a name"):
+        load_rows([str(path)], strict=True)
+
+
+@pytest.mark.parametrize("raw", [
+    {"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+    {"conversation": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+    {"conversation": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+    {"conversations": [{"from": "human", "value": "q"}, {"from": "bot", "value": "a"}]},
+    {"messages": [{"from": "user", "value": "q"}, {"from": "bot", "value": "a"}]},
+    {"instruction": "", "input": "q", "output": "a"},
+    {"instruction": None, "input": "q", "output": "a"},
+])
+def test_conversation_columns_and_roles_ms_swift_reads(raw):
+    """ms-swift reads a conversation from `messages`, `conversation` or `conversations`, with
+    role/content or from/value keys, `bot` an assistant; an empty Alpaca instruction leaves the
+    input as the query (before 2026-12-07 these rows were refused, or the query was "\\nq")."""
+    assert standardize(raw)["messages"] == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]

@@ -246,7 +246,7 @@ def test_gkd_distils_a_teacher_on_and_off_policy(tmp_path):
     out = tmp_path / "gkd"
     rlhf_main(train_argv(out, "--rlhf_type", "gkd", "--teacher_model", str(teacher), "--tuner_type", "full",
                          "--learning_rate", "3e-3", "--max_steps", "16", "--per_device_train_batch_size", "8",
-                         "--lmbda", "0.5", "--sft_alpha", "0.1", "--max_completion_length", "6", "--seed", "1"))
+                         "--lmbda", "0.5", "--sft_alpha", "0.1", "--max_completion_length", "6", "--seed", "1", "--data_seed", "1"))
     logs = train_logs(out)
     on_policy = [r["on_policy"] for r in logs]
     assert 0 < sum(on_policy) < len(logs)  # some steps sampled from the student, some used the dataset

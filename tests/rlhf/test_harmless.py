@@ -575,7 +575,7 @@ def test_repulse_lowers_the_toys_exact_p_bad(tmp_path):
     from harmlessness import COMMON, methods
 
     flags = methods(30, "3e-4", "1e-3", "10", "-0.1")["RePULSe"]
-    rlhf_main([*COMMON, "--save_strategy", "no", *flags, "--seed", "0", "--num_generations", "64",
+    rlhf_main([*COMMON, "--save_strategy", "no", *flags, "--seed", "0", "--data_seed", "0", "--num_generations", "64",
                "--per_device_train_batch_size", "64", "--output_dir", str(tmp_path / "run")])
     model, tokenizer, info = load_model(str(tmp_path / "run"))
     exact = toy_exact(model, get_template(choose_template(None, None, info.model_type, tokenizer), tokenizer))

@@ -24,7 +24,7 @@ def _preference(qs: str, out: str, seed: int, *extra: str, lr: str = "5e-4", ste
     return rlhf_main(["--model", os.path.join(qs, "sft"), "--tuner_type", "full", "--dataset", "builtin:arith-dpo",
                       "--val_dataset", "builtin:arith-dpo:eval", "--per_device_train_batch_size", "32",
                       "--per_device_eval_batch_size", "64", "--learning_rate", lr, "--logging_steps", "20",
-                      "--max_steps", steps, "--eval_steps", steps, "--seed", str(seed),
+                      "--max_steps", steps, "--eval_steps", steps, "--seed", str(seed), "--data_seed", str(seed),
                       "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
                       "--output_dir", str(out), *extra])
 
@@ -60,7 +60,7 @@ def grpo_figure(qs: str, out: str, seed: int = DEFAULT_SEED) -> float:
     temperature 2.5 (until 2026-11-26: 180 steps at 2.0, whose start of ~0.87 left little room; its
     worst run gained +0.108)."""
     rlhf_main(["--model", os.path.join(qs, "sft"), "--dataset", "builtin:arith-sft",
-               "--val_dataset", "builtin:arith-sft:eval", "--seed", str(seed), "--output_dir", str(out), *GRPO_ARGS])
+               "--val_dataset", "builtin:arith-sft:eval", "--seed", str(seed), "--data_seed", str(seed), "--output_dir", str(out), *GRPO_ARGS])
     with open(os.path.join(out, "logging.jsonl")) as f:
         evals = [r["eval_rewards/accuracy/mean"] for r in map(json.loads, f) if "eval_rewards/accuracy/mean" in r]
     return evals[-1] - evals[0]
@@ -74,7 +74,7 @@ PPO_ARGS = ["--rlhf_type", "ppo", "--tuner_type", "lora", "--per_device_train_ba
 
 def _ppo_gain(qs: str, out: str, seed: int, *rewards: str) -> float:
     rlhf_main(["--model", os.path.join(qs, "sft"), "--dataset", "builtin:arith-sft",
-               "--val_dataset", "builtin:arith-sft:eval", "--seed", str(seed), "--output_dir", str(out), *rewards,
+               "--val_dataset", "builtin:arith-sft:eval", "--seed", str(seed), "--data_seed", str(seed), "--output_dir", str(out), *rewards,
                *PPO_ARGS])
     with open(os.path.join(out, "logging.jsonl")) as f:
         evals = [r["eval_rewards/accuracy/mean"] for r in map(json.loads, f) if "eval_rewards/accuracy/mean" in r]

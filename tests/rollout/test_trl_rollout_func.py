@@ -75,7 +75,7 @@ def run(out, path, suffix, mask_env=0, *extra):
     rlhf_main(train_argv(out, "--rlhf_type", "grpo", "--dataset", "builtin:arith-sft#8", "--num_generations", "2",
                          "--per_device_train_batch_size", "4", "--max_steps", "1", "--max_completion_length", "6",
                          "--rollout_func", f"{path}:rollout_func", "--reward_funcs", f"{path}:env_reward",
-                         "--seed", "0", "--learning_rate", "1e-2", *extra))
+                         "--seed", "0", "--data_seed", "0", "--learning_rate", "1e-2", *extra))
     log = [r for r in map(json.loads, open(out / "logging.jsonl")) if "loss" in r]
     return load_file(out / "adapter_model.safetensors"), log[0]  # LoRA (train_argv)
 
