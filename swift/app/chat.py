@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from swift.app.i18n import label
 from swift.utils.registry import SwiftError
@@ -28,14 +30,15 @@ CLIENT_TIMEOUT = 120.0  # seconds a --base_url server may keep the page waiting 
 
 class ChatBackend:
     """What the page generates with. `engine`: an InferEngine in this process (its LoRA adapters in
-    `adapters`); `base_url`: an OpenAI-compatible server instead. `swap` replaces the engine (the
-    console's chat on a finished run)."""
+    `adapters`); `base_url`: an OpenAI-compatible server instead."""
 
     def __init__(self, engine=None, adapters: dict[str, str] | None = None, base_url: str | None = None,
                  api_key: str | None = None, model: str | None = None, name: str = ""):
         self._engine, self.adapters, self.name = engine, dict(adapters or {}), name
         self.base_url, self.api_key, self.model = base_url, api_key, model
         self._lock = threading.Lock()
+        self._streams = 0  # answers in flight
+        self._retired = False
 
     def engine(self):
         with self._lock:
@@ -46,34 +49,48 @@ class ChatBackend:
                                             timeout=CLIENT_TIMEOUT)
             return self._engine
 
-    def swap(self, engine, adapters: dict[str, str], name: str) -> None:
+    def retire(self) -> None:
+        """Close the engine now, or when the last answer in flight has ended (the console's chat: no
+        browser tab holds this run's engine any more)."""
         with self._lock:
-            old, self._engine, self.adapters, self.name = self._engine, engine, dict(adapters), name
-        if old is not None:
-            old.close()
+            self._retired = True
+            idle = self._streams == 0
+        if idle:
+            self.close()
 
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
+        with self._lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 
     async def stream(self, messages: list[dict], temperature: float, top_p: float, max_new_tokens: int,
                      adapter: str | None):
         """The answer's text, piece by piece."""
         from swift.infer.protocol import InferRequest, RequestConfig
 
-        engine = await asyncio.to_thread(self.engine)  # --base_url: the first call asks the server for its models
-        if engine is None:
-            raise SwiftError("no model is loaded")
-        request = InferRequest(messages=messages, adapter=adapter)
-        config = RequestConfig(max_tokens=max(int(max_new_tokens), 1), temperature=float(temperature),
-                               top_p=float(top_p))
-        if engine.tokenizer is not None:  # in process: an answer may not run past the context
-            prompt = engine.encode(request)
-            request = InferRequest(input_ids=prompt, adapter=adapter)
-            config = replace(config, max_tokens=max(min(config.max_tokens, engine.max_model_len - len(prompt)), 1))
-        async for delta in engine.stream_async(request, config):
-            if delta.text:
-                yield delta.text
+        with self._lock:
+            self._streams += 1
+        try:
+            engine = await asyncio.to_thread(self.engine)  # --base_url: the first call asks the server for its models
+            if engine is None:
+                raise SwiftError("no model is loaded")
+            request = InferRequest(messages=messages, adapter=adapter)
+            config = RequestConfig(max_tokens=max(int(max_new_tokens), 1), temperature=float(temperature),
+                                   top_p=float(top_p))
+            if engine.tokenizer is not None:  # in process: an answer may not run past the context
+                prompt = engine.encode(request)
+                request = InferRequest(input_ids=prompt, adapter=adapter)
+                config = replace(config, max_tokens=max(min(config.max_tokens, engine.max_model_len - len(prompt)), 1))
+            async for delta in engine.stream_async(request, config):
+                if delta.text:
+                    yield delta.text
+        finally:
+            with self._lock:
+                self._streams -= 1
+                last = self._retired and self._streams == 0
+            if last:
+                self.close()
 
 
 def error_line(e: BaseException) -> str:
@@ -82,20 +99,26 @@ def error_line(e: BaseException) -> str:
     return " ".join(text.split())[:500]
 
 
-def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, stream: bool = True,
-               temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 512, prefix: str = ""):
+def adapter_choices(backend: ChatBackend | None, lang: str) -> tuple[list[str], str]:
+    """The adapter dropdown's choices and its value: as `swift infer`, the last adapter answers."""
+    names = list(backend.adapters) if backend is not None else []
+    base = label("base_model", lang)
+    return [base, *names], (names[-1] if names else base)
+
+
+def chat_panel(backend: ChatBackend | Callable[[Any], ChatBackend | None], lang: str, *, session=None,
+               system: str | None = None, stream: bool = True, temperature: float = 0.0, top_p: float = 1.0,
+               max_new_tokens: int = 512, prefix: str = ""):
     """The chat's components, built inside the caller's `gr.Blocks`. Returns the adapter dropdown
-    (the console refreshes its choices when it loads another model)."""
+    (the console refreshes its choices when a tab loads another model). `session`: a gr.State of
+    each browser tab (the console's: the run the tab chats with); `backend` is then a function of
+    its value, giving the tab's backend (None before it has one)."""
     gr = require_gradio()
 
     def t(key: str) -> str:
         return label(key, lang)
 
-    def adapter_choices() -> tuple[list[str], str]:
-        names = list(backend.adapters)
-        return [t("base_model"), *names], (names[-1] if names else t("base_model"))  # as `swift infer`: the last
-
-    choices, chosen = adapter_choices()
+    choices, chosen = adapter_choices(backend if session is None else None, lang)
     system_box = gr.Textbox(value=system or "", label=t("system"), lines=2, elem_id=f"{prefix}system")
     chatbot = gr.Chatbot(label=t("chatbot"), elem_id=f"{prefix}chatbot", height=360)
     error = gr.Markdown("", elem_id=f"{prefix}error")
@@ -106,16 +129,19 @@ def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, st
         regenerate = gr.Button(t("regenerate"), elem_id=f"{prefix}regenerate")
         clear = gr.Button(t("clear"), elem_id=f"{prefix}clear")
     temperature_box, top_p_box, max_tokens_box, adapter_box = _settings(
-        gr, t, prefix, temperature, top_p, max_new_tokens, choices, chosen, bool(backend.adapters))
+        gr, t, prefix, temperature, top_p, max_new_tokens, choices, chosen, len(choices) > 1)
 
-    async def answer(history: list, system_text: str, temp, top, max_tokens, adapter):
+    async def answer(history: list, system_text: str, temp, top, max_tokens, adapter, tab=None):
         """(history, error line) as the answer to the last user message grows."""
         messages = ([{"role": "system", "content": system_text}] if system_text.strip() else []) + [
             {"role": m["role"], "content": _text(m["content"])} for m in history]
         history = [*history, {"role": "assistant", "content": ""}]
         name = None if adapter in (None, t("base_model")) else adapter
+        chosen = backend if session is None else backend(tab)
         try:
-            async for piece in backend.stream(messages, temp, top, max_tokens or 1, name):
+            if chosen is None:
+                raise SwiftError(t("no_model"))
+            async for piece in chosen.stream(messages, temp, top, max_tokens or 1, name):
                 history[-1] = {"role": "assistant", "content": history[-1]["content"] + piece}
                 if stream:
                     yield history, ""
@@ -147,7 +173,8 @@ def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, st
         async for shown, err in answer(history, *settings):
             yield shown, err
 
-    settings = [system_box, temperature_box, top_p_box, max_tokens_box, adapter_box]
+    settings = [system_box, temperature_box, top_p_box, max_tokens_box, adapter_box,
+                *([session] if session is not None else [])]
     # a message sent while the last answer is still finishing runs right after it (gradio's default,
     # "once", would drop it and leave the text in the box)
     events = [trigger(send_message, [message, chatbot, *settings], [message, chatbot, error],
@@ -156,7 +183,7 @@ def chat_panel(backend: ChatBackend, lang: str, *, system: str | None = None, st
     events.append(regenerate.click(regenerate_answer, [chatbot, *settings], [chatbot, error]))
     stop.click(None, cancels=events)
     clear.click(lambda: ([], ""), None, [chatbot, error], cancels=events, queue=False)
-    return adapter_box, adapter_choices
+    return adapter_box
 
 
 def _settings(gr, t, prefix: str, temperature: float, top_p: float, max_new_tokens: int, choices: list[str],

@@ -4,17 +4,20 @@ with a finished run's model.
 
 Commands come from the CLI's table (`swift.cli.main.ROUTE_MAPPING`): every command but the servers
 gets a form, so a command added later gets one too. The common flags are widgets (each where the
-command has it); every other flag goes through the free-text box.
+command has it, starting at the command's own default); every other flag goes through the free-text
+box.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from pathlib import Path
 
 from swift.app import runs as R
-from swift.app.chat import ChatBackend, chat_panel, error_line, require_gradio
+from swift.app.chat import adapter_choices, chat_panel, error_line, require_gradio
 from swift.app.i18n import label
+from swift.app.run_chat import RunEngines, run_backend
 from swift.utils.registry import SwiftError
 
 SERVERS = {"deploy", "rollout", "app", "web-ui"}  # long-lived: started from a shell, not from here
@@ -24,7 +27,8 @@ COMMON = [("model", "text"), ("adapters", "list"), ("dataset", "list"), ("val_da
           ("num_train_epochs", "float"), ("learning_rate", "float"), ("per_device_train_batch_size", "int"),
           ("max_length", "int"), ("logging_steps", "int")]
 LIST_FLAGS = {name for name, kind in COMMON if kind == "list"}  # space-separated values
-# where a command writes, set to the run's directory unless the form says otherwise
+# where a command writes, set to the run's directory unless the form says otherwise (a command's
+# `outputs_read(flag values)` may name the ones a run reads: swift infer's --result_path is batch mode's)
 OUTPUT_FLAGS = {"output_dir": "{dir}", "eval_output_dir": "{dir}", "result_path": "{dir}/infer_result.jsonl"}
 # logged numbers that are bookkeeping, not curves
 NOT_CURVES = {"global_step", "max_steps", "epoch", "elapsed_s", "total_flos", "train_runtime", "step",
@@ -55,21 +59,48 @@ def build_argv(cls: type, widgets: dict[str, object], extra: str) -> list[str]:
 
 def with_outputs(cls: type, argv: list[str], run_dir: str) -> list[str]:
     """Point the command's outputs at the run's directory (flags the user gave win)."""
+    from swift.arguments.parser import flag_values
+
     owners = cls.field_owners()
     given = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    read = set(OUTPUT_FLAGS)
+    if hasattr(cls, "outputs_read"):
+        try:
+            read = cls.outputs_read(flag_values(cls, argv))
+        except SwiftError:
+            pass  # flags the check refuses, in one line
     out = list(argv)
     for flag, where in OUTPUT_FLAGS.items():
-        if flag in owners and flag not in given:
+        if flag in owners and flag in read and flag not in given:
             out += [f"--{flag}", where.format(dir=run_dir)]
-    if "add_version" in owners and "add_version" not in given:  # logs and model straight in the run's directory
+    # logs and model straight in the run's directory; with an --output_dir of the user's, versions as
+    # on the command line (before 2026-12-07 --add_version false there too: runs overwrote each other)
+    if "add_version" in owners and "add_version" not in given and "output_dir" in owners and "output_dir" not in given:
         out += ["--add_version", "false"]
     return out
 
 
-def check(command: str, cls: type, argv: list[str]) -> None:
-    """The command's own parser and checks (one line on failure), with nothing left behind in this
-    process: some checks set environment variables that later launches would inherit, and
-    --external_plugins files register names (undone by `isolated`)."""
+def written_to(args, run_dir: Path) -> tuple[str | None, bool]:
+    """(an --output_dir other than the run's directory, absolute, or None; whether the run writes to a
+    version directory in it), for the Runs tab to find the run's logs and model there."""
+    output_dir = getattr(args, "output_dir", None)
+    if not output_dir or os.path.abspath(output_dir) == os.path.abspath(run_dir):
+        return None, False
+    return os.path.abspath(output_dir), bool(getattr(args, "add_version", False))
+
+
+def default_of(cls: type, name: str):
+    """The command's default of a flag (pt's --tuner_type is full, sft's lora)."""
+    if name in cls.defaults:
+        return cls.defaults[name]
+    part = cls.parts[cls.field_owners()[name]]
+    return next(f.default for f in dataclasses.fields(part) if f.name == name)
+
+
+def check(command: str, cls: type, argv: list[str]):
+    """The command's own parser and checks (one line on failure); the parsed arguments. Nothing is left
+    behind in this process: some checks set environment variables that later launches would inherit,
+    and --external_plugins files register names (undone by `isolated`)."""
     from swift.arguments.parser import parse_args
     from swift.plugin import isolated
 
@@ -78,7 +109,7 @@ def check(command: str, cls: type, argv: list[str]) -> None:
     environ = dict(os.environ)
     try:
         with isolated():
-            parse_args(cls, argv, prog=f"swift {command}")
+            return parse_args(cls, argv, prog=f"swift {command}")
     except SystemExit as e:  # any other way a parser may try to end the process
         raise SwiftError(f"the flags were refused (exit {e.code})") from None
     finally:
@@ -121,10 +152,10 @@ def curves_figure(rows: list[dict]):
 
 
 def build_console(runs_dir: str, *, lang: str, title: str | None = None):
-    """The console page and the chat backend it owns."""
+    """The console page and the chat engines it owns (`RunEngines`: close them when the page ends)."""
     gr = require_gradio()
     commands = launchable()
-    backend = ChatBackend()
+    engines = RunEngines()
 
     def t(key: str) -> str:
         return label(key, lang)
@@ -138,36 +169,30 @@ def build_console(runs_dir: str, *, lang: str, title: str | None = None):
                         with gr.Tab(f"swift {command}", id=f"form-{command}"):
                             _form(gr, t, command, cls, runs_dir)
             with gr.Tab(t("runs_tab"), id="runs"):
-                chat_button = _runs(gr, t, runs_dir, backend)
+                chat_button = _runs(gr, t, runs_dir)
             with gr.Tab(t("chat_tab"), id="chat"):
                 model_name = gr.Markdown("", elem_id="chat_model")
-                adapter_box, adapter_choices = chat_panel(backend, lang, prefix="chat_")
+                # this browser tab's run: its engine is shared with the tabs chatting with the same run;
+                # given up when the tab opens another run, or when gradio ends its session
+                hold = gr.State(None, delete_callback=engines.release)
+                adapter_box = chat_panel(engines.backend, lang, session=hold, prefix="chat_")
         run_select, chat_message, chat_click = chat_button
 
-        def open_chat(run_id: str):
+        def open_chat(run_id: str, held):
             run = find_run(runs_dir, run_id)
             if run is None or run.status != "finished":
-                return gr.update(), f"{t('error')}: {run_id or '-'} is not a finished run", gr.update()
+                return gr.update(), f"{t('error')}: {run_id or '-'} is not a finished run", gr.update(), held
             model, adapter = run.model_dir()
-            if model is None and adapter is None:
-                return gr.update(), f"{t('error')}: {run_id} left no model (no result.json)", gr.update()
             try:
-                from swift.infer.factory import build_engine
-                from swift.pipelines.app import AppArguments
-
-                # the run's own --template/--system (before 2026-11-29 the chat used the defaults)
-                args = AppArguments(model=model, adapters=[f"{run_id}={adapter}"] if adapter else [],
-                                    **run.trained_with())
-                engine, adapters = build_engine(args)
+                held = engines.hold(run.id, lambda: run_backend(run), held)
             except Exception as e:  # noqa: BLE001 - shown on the page
-                return gr.update(), f"{t('error')}: {error_line(e)}", gr.update()
-            backend.swap(engine, adapters, run_id)
-            choices, chosen = adapter_choices()
-            return (f"{t('chat_model')}: `{run_id}` ({adapter or model})", "",
-                    gr.update(choices=choices, value=chosen, visible=bool(adapters)))
+                return gr.update(), f"{t('error')}: {error_line(e)}", gr.update(), held
+            choices, chosen = adapter_choices(engines.backend(held), lang)
+            return (f"{t('chat_model')}: `{run.id}` ({adapter or model})", "",
+                    gr.update(choices=choices, value=chosen, visible=len(choices) > 1), held)
 
-        chat_click.click(open_chat, run_select, [model_name, chat_message, adapter_box])
-    return demo, backend
+        chat_click.click(open_chat, [run_select, hold], [model_name, chat_message, adapter_box, hold])
+    return demo, engines
 
 
 def _form(gr, t, command: str, cls: type, runs_dir: str) -> None:
@@ -180,9 +205,13 @@ def _form(gr, t, command: str, cls: type, runs_dir: str) -> None:
         if kind == "rlhf":
             from swift.rlhf import ALGORITHMS
 
-            widgets[name] = gr.Dropdown(choices=list(ALGORITHMS), value="dpo", label=f"--{name}", elem_id=elem)
-        elif kind == "tuner":
-            widgets[name] = gr.Dropdown(choices=["lora", "full"], value="lora", label=f"--{name}", elem_id=elem)
+            widgets[name] = gr.Dropdown(choices=list(ALGORITHMS), value=default_of(cls, name), label=f"--{name}",
+                                        elem_id=elem)
+        elif kind == "tuner":  # the command's default (before 2026-12-07 lora, also on pt's form)
+            from swift.arguments.tuner import TUNER_TYPES
+
+            widgets[name] = gr.Dropdown(choices=list(TUNER_TYPES), value=default_of(cls, name), label=f"--{name}",
+                                        elem_id=elem)
         else:  # numbers too: an empty box is a flag not given (the command's parser reads the text)
             widgets[name] = gr.Textbox(label=f"--{name}", elem_id=elem,
                                        placeholder="space-separated" if kind == "list" else "")
@@ -194,17 +223,16 @@ def _form(gr, t, command: str, cls: type, runs_dir: str) -> None:
         launch_button = gr.Button(t("launch"), variant="primary", elem_id=f"{command}-launch")
     names = list(widgets)
 
-    def prepared(values: list, extra_text: str, run_dir: str) -> list[str]:
+    def prepared(values: list, extra_text: str, run_dir: str) -> tuple[list[str], object]:
         argv = with_outputs(cls, build_argv(cls, dict(zip(names, values)), extra_text), run_dir)
-        check(command, cls, argv)
-        return argv
+        return argv, check(command, cls, argv)
 
     def on_check(*values):
         *values, extra_text = values
         placeholder = str(Path(runs_dir) / f"{command}-<time>")
         try:
-            argv = prepared(values, extra_text, placeholder)
-        except SwiftError as e:
+            argv, _ = prepared(values, extra_text, placeholder)
+        except Exception as e:  # noqa: BLE001 - one line on the page
             return gr.update(), f"**{t('error')}:** {error_line(e)}"
         return shlex.join(["swift", command, *argv]), ""
 
@@ -213,12 +241,12 @@ def _form(gr, t, command: str, cls: type, runs_dir: str) -> None:
         run_dir = None
         try:
             run_dir = R.new_run_dir(runs_dir, command)
-            argv = [command, *prepared(values, extra_text, str(run_dir))]
-        except SwiftError as e:
+            argv, args = prepared(values, extra_text, str(run_dir))
+            run = R.launch(run_dir, [command, *argv], *written_to(args, run_dir))
+        except Exception as e:  # noqa: BLE001 - one line on the page (before 2026-12-07 only our own errors)
             if run_dir is not None:
-                run_dir.rmdir()  # empty: nothing was started
+                _remove_if_empty(run_dir)  # nothing was started
             return gr.update(), f"**{t('error')}:** {error_line(e)}"
-        run = R.launch(run_dir, argv)
         return run.command_line, f"{t('launched')}: `{run.id}`"
 
     inputs = [*widgets.values(), extra]
@@ -226,7 +254,14 @@ def _form(gr, t, command: str, cls: type, runs_dir: str) -> None:
     launch_button.click(on_launch, inputs, [preview, message])
 
 
-def _runs(gr, t, runs_dir: str, backend):
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except OSError:  # not empty: the keeper started, and its files say what happened
+        pass
+
+
+def _runs(gr, t, runs_dir: str):
     table = gr.Dataframe(headers=[t("run"), t("status"), t("progress"), t("command")], value=[[""] * 4],
                          interactive=False, elem_id="runs_table", label=t("runs_table"), wrap=True)
     run_select = gr.Dropdown(choices=[], label=t("run"), elem_id="run_select", allow_custom_value=True)

@@ -21,6 +21,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "adapter": ("Adapter", "适配器"),
     "base_model": ("(base model)", "（基础模型）"),
     "error": ("Error", "错误"),
+    "no_model": ("no model is loaded: pick a finished run in Runs and press “Chat with this run's model”",
+                 "未加载模型：请在“运行列表”中选择已完成的运行，并点击“与该运行的模型对话”"),
     # the console
     "console_title": ("swift web-ui", "swift 训练控制台"),
     "launch_tab": ("Launch", "启动"),

@@ -6,7 +6,8 @@ A run's directory holds
 - `run.log`: everything the command printed;
 - `swift_exit.json`: written by the keeper when the command ends (its exit code, and whether it was
   stopped);
-- the command's own outputs (training runs write there: `--output_dir` is the run's directory).
+- the command's own outputs (training runs write there: `--output_dir` is the run's directory, unless
+  the form gave one: then `swift_run.json` records it, and the page looks there too).
 
 The keeper (`python -m swift.app.runs RUN_DIR`) is a detached process in a session of its own: it runs
 the command (in a session and process group of the command's own, so the keeper can kill all that is
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -27,8 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUN_FILE, EXIT_FILE, LOG_FILE, STOP_FILE = "swift_run.json", "swift_exit.json", "run.log", "swift_stop"
+# the files in a run's directory when its command starts (the console passes that directory as --output_dir)
+CONSOLE_FILES = frozenset({RUN_FILE, LOG_FILE, STOP_FILE})
 # seconds a stopped command gets to end after SIGTERM before it is killed
 STOP_GRACE = 20.0
+
+
+def not_console_files(names: list[str]) -> list[str]:
+    """A directory's entries less the console's run files (and its `.swift_run.json.<pid>.tmp` while it
+    replaces one): a command that writes only into an empty --output_dir takes a new run's directory."""
+    tmp = tuple(f".{f}." for f in CONSOLE_FILES)
+    return sorted(n for n in names if n not in CONSOLE_FILES and not n.startswith(tmp))
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -65,6 +76,8 @@ class Run:
     pid_started: float
     started: float
     exit: dict | None
+    output_dir: str | None = None  # an --output_dir the form gave (absolute), else None: the run's directory
+    versioned: bool = False  # with --add_version true: the run writes to a v<N>-<time> directory in it
 
     @property
     def id(self) -> str:
@@ -97,10 +110,21 @@ class Run:
         shown = [next((part for part in reversed(line.split("\r")) if part.strip()), "") for line in text.split("\n")]
         return "\n".join([line for line in shown if line.strip()][-lines:])
 
+    def places(self) -> list[Path]:
+        """Where the command writes: the run's directory, and an --output_dir the form gave (with
+        --add_version, the version directory the run's log names: `this run writes to ...`; before
+        2026-12-07 the page looked in the run's directory only, and found nothing of such a run)."""
+        if not self.output_dir:
+            return [self.directory]
+        if not self.versioned:
+            return [self.directory, Path(self.output_dir)]
+        version = _logged_version(self.directory)
+        return [self.directory] + ([Path(self.output_dir) / version] if version else [])
+
     def logging_file(self) -> Path | None:
-        """The newest logging.jsonl the command wrote under its directory (a checkpoint deleted
-        while this looks is skipped)."""
-        return _newest(self.directory, "logging.jsonl")
+        """The newest logging.jsonl the command wrote (a checkpoint deleted while this looks is
+        skipped)."""
+        return _newest(self.places(), "logging.jsonl")
 
     def metrics(self) -> list[dict]:
         path = self.logging_file()
@@ -124,7 +148,7 @@ class Run:
     def model_dir(self) -> tuple[str | None, str | None]:
         """(model, adapter) a finished training run left: its result.json's model directory, an
         adapter directory when it holds adapter_config.json."""
-        found = _newest(self.directory, "result.json")
+        found = _newest(self.places(), "result.json")
         if found is None:
             return None, None
         model = (_read_json(found) or {}).get("model_dir") or str(found.parent)
@@ -135,22 +159,41 @@ class Run:
     def trained_with(self) -> dict:
         """--template and --system of the training run (its args.json beside result.json), so the chat
         prompts the model as it was trained (those given; an unset one is chosen as usual)."""
-        found = _newest(self.directory, "result.json")
+        found = _newest(self.places(), "result.json")
         recorded = (_read_json(found.parent / "args.json") or {}) if found is not None else {}
         return {k: recorded[k] for k in ("template", "system") if recorded.get(k) is not None}
 
 
-def _newest(directory: Path, name: str) -> Path | None:
-    """The most recently written file of that name under `directory`, at most 3 levels down."""
+# the line `swift pt|sft|rlhf` logs once it has claimed its version directory (swift/pipelines/train.py)
+VERSION_LINE = re.compile(rb"this run writes to [^\n]*?[/\\](v\d+-\d{8}-\d{6})\r?\n")
+_VERSIONS: dict[Path, str] = {}  # run directory -> the version directory its log named (it never changes)
+
+
+def _logged_version(directory: Path) -> str | None:
+    if directory not in _VERSIONS:
+        try:
+            with open(directory / LOG_FILE, "rb") as f:
+                found = VERSION_LINE.search(f.read(4 << 20))  # logged before training starts
+        except OSError:
+            return None
+        if found is None:
+            return None
+        _VERSIONS[directory] = found.group(1).decode()
+    return _VERSIONS[directory]
+
+
+def _newest(directories: list[Path], name: str) -> Path | None:
+    """The most recently written file of that name under `directories`, at most 3 levels down."""
     best, best_time = None, -1.0
-    for depth in range(4):
-        for path in directory.glob("/".join(["*"] * depth + [name])):
-            try:
-                mtime = path.stat().st_mtime
-            except OSError:  # removed meanwhile
-                continue
-            if mtime > best_time:
-                best, best_time = path, mtime
+    for directory in directories:
+        for depth in range(4):
+            for path in directory.glob("/".join(["*"] * depth + [name])):
+                try:
+                    mtime = path.stat().st_mtime
+                except OSError:  # removed meanwhile
+                    continue
+                if mtime > best_time:
+                    best, best_time = path, mtime
     return best
 
 
@@ -159,7 +202,7 @@ def load_run(directory: Path) -> Run | None:
     if not info:
         return None
     return Run(directory, info["argv"], info["pid"], info["pid_started"], info["started"],
-               _read_json(directory / EXIT_FILE))
+               _read_json(directory / EXIT_FILE), info.get("output_dir"), bool(info.get("versioned")))
 
 
 def list_runs(runs_dir: str) -> list[Run]:
@@ -182,15 +225,18 @@ def new_run_dir(runs_dir: str, command: str) -> Path:
     raise RuntimeError(f"no free run directory beside {base}")
 
 
-def launch(directory: Path, argv: list[str]) -> Run:
-    """Start `swift <argv>` detached, kept by a keeper process, in `directory`."""
+def launch(directory: Path, argv: list[str], output_dir: str | None = None, versioned: bool = False) -> Run:
+    """Start `swift <argv>` detached, kept by a keeper process, in `directory`. `output_dir`: where the
+    command writes when the form named another directory (`versioned`: in a v<N>-<time> directory
+    there)."""
     keeper = subprocess.Popen([sys.executable, "-m", "swift.app.runs", str(directory)], start_new_session=True,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "SWIFT_RUN_ARGV": json.dumps(argv)})  # relative paths: as typed here
     _KEEPERS.append(keeper)  # reaped by `reap` (a restarted console is not their parent, and need not be)
     started = _start_time(keeper.pid) or time.time()
     _write_json(directory / RUN_FILE, {"argv": argv, "pid": keeper.pid, "pid_started": started,
-                                       "started": time.time(), "cwd": os.getcwd()})
+                                       "started": time.time(), "cwd": os.getcwd(),
+                                       **({"output_dir": output_dir, "versioned": versioned} if output_dir else {})})
     return load_run(directory)
 
 

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from swift.app.runs import not_console_files
 from swift.arguments.base import ComposedArguments
 from swift.utils.registry import SwiftError
 
@@ -265,7 +266,7 @@ class ExportOptions:
                       else f"{self.quant_method}-int{self.quant_bits}" if self.quant_method else "merged")
             self.output_dir = os.path.basename(source.replace("builtin:", "")) + f"-{suffix}" \
                 if not self.adapters else f"{source}-{suffix}"
-        if os.path.isdir(self.output_dir) and os.listdir(self.output_dir) and not self.exist_ok:
+        if os.path.isdir(self.output_dir) and not self.exist_ok and not_console_files(os.listdir(self.output_dir)):
             raise SwiftError(f"--output_dir {self.output_dir} already has files; pass --exist_ok true to write into it")
         if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
             raise SwiftError(f"--output_dir {self.output_dir} is a file")
@@ -350,3 +351,10 @@ class ExportArguments(ComposedArguments):
     """`swift export`: merged and converted models for other runtimes."""
 
     parts: ClassVar[dict[str, type]] = {"options": ExportOptions}
+
+    @staticmethod
+    def outputs_read(values: dict) -> set[str]:
+        """The output flags a run with these flag values reads (the web console sets those): all but
+        --push_to_hub alone, which uploads a folder as it is."""
+        writes = any(values.get(f) for f in ("merge_lora", "to_gguf", "to_ollama", "quant_method", "to_cached_dataset"))
+        return {"output_dir"} if writes or not values.get("push_to_hub") else set()

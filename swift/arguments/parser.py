@@ -43,16 +43,29 @@ def load_config(path: str) -> dict[str, Any]:
 
 
 def split_config(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Find the config file: a leading .yaml/.json path, or `--config FILE` anywhere."""
+    """Find the config file: a leading .yaml/.json path, or `--config FILE` anywhere. A second one is
+    refused (before 2026-12-07 it was silently ignored)."""
     argv = list(argv)
+    found: list[str] = []
+    rest: list[str] = []
     if argv and argv[0].endswith((".yaml", ".yml", ".json")) and not argv[0].startswith("-"):
-        return argv[0], argv[1:]
-    for i, a in enumerate(argv):
+        found.append(argv.pop(0))
+    i = 0
+    while i < len(argv):
+        a = argv[i]
         if a == "--config" and i + 1 < len(argv):
-            return argv[i + 1], argv[:i] + argv[i + 2:]
+            found.append(argv[i + 1])
+            i += 2
+            continue
         if a.startswith("--config="):
-            return a.split("=", 1)[1], argv[:i] + argv[i + 1:]
-    return None, argv
+            found.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+        i += 1
+    if len(found) > 1:
+        raise ArgumentError(f"{len(found)} config files ({', '.join(found)}): give one (a leading file or --config); "
+                            "put the other's keys in it or as flags")
+    return (found[0] if found else None), rest
 
 
 # OpenRLHF's dotted flags (its April 2026 rename) that name one of ours
@@ -86,8 +99,9 @@ def build_parser(cls: type[ComposedArguments], prog: str) -> _Parser:
     return parser
 
 
-def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog: str = "swift") -> ComposedArguments:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def _flag_values(cls: type[ComposedArguments], argv: list[str], prog: str):
+    """(the flags' values: defaults, the config file's, the command line's; the peer config of swift
+    rlhf, or None; the config file's path), before the arguments' classes check them."""
     parser = build_parser(cls, prog)
     config_path, argv = split_config(argv)
     valid = cls.field_owners()
@@ -122,7 +136,19 @@ def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog
         hint = hint.replace("'", "'--", 1) if hint else ""
         what = "flag" if flag.startswith("-") else "argument"
         raise ArgumentError(f"unknown {what} '{flag}'.{hint}")
-    values = {k: v for k, v in vars(namespace).items() if k in valid}
+    return {k: v for k, v in vars(namespace).items() if k in valid}, peer, config_path
+
+
+def flag_values(cls: type[ComposedArguments], argv: list[str]) -> dict[str, Any]:
+    """What a command line sets each flag to (defaults, config file, flags), unchecked: for a caller
+    that must know a value before the command's checks run (the web console)."""
+    values, peer, _ = _flag_values(cls, list(argv), "swift")
+    return peer.resolve(values) if peer else values
+
+
+def parse_args(cls: type[ComposedArguments], argv: list[str] | None = None, prog: str = "swift") -> ComposedArguments:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    values, peer, config_path = _flag_values(cls, argv, prog)
     args = cls(**(peer.resolve(values) if peer else values))
     object.__setattr__(args, "config_file", config_path)
     return args

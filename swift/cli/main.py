@@ -1,12 +1,14 @@
 """`swift <command> [flags]`: route a subcommand to its pipeline.
 
 The only module that reads launcher environment variables: when NPROC_PER_NODE or NNODES is set,
-pt/sft/rlhf re-run themselves under `torch.distributed.run` (see docs/cli.md).
+pt/sft/rlhf re-run themselves under `torch.distributed.run` (see docs/cli.md); the other commands
+run as one process and refuse them above 1.
 """
 from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -78,15 +80,74 @@ def torchrun_command(command: str, argv: list[str], env: dict[str, str]) -> list
 def launch(command: str, argv: list[str], env: dict[str, str]) -> int:
     """Run this command under torchrun; on a failed run of several nodes, end with one line saying so
     (above it, torchrun's report and the failing rank's own error)."""
-    code = subprocess.call(torchrun_command(command, argv, env))
+    code = _supervise(command, torchrun_command(command, argv, env))
     nodes = env.get("NNODES", "1")  # a number, or torchrun's MIN:MAX
-    if code != 0 and nodes not in ("1", "1:1"):
+    if code not in (0, 130) and nodes not in ("1", "1:1"):
         timeout = env.get("RDZV_TIMEOUT", DEFAULT_RDZV_TIMEOUT)
         master = f"{env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')}"
         print(f"swift {command}: error: node {env.get('NODE_RANK', '0')} of {nodes} ends (exit code {code}): a rank "
               f"failed, or a node died or did not join within RDZV_TIMEOUT={timeout} s (master {master})",
               file=sys.stderr)
     return code
+
+
+# signals passed on to torchrun, which ends its ranks on them (SIGINT arrives as KeyboardInterrupt)
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _supervise(command: str, cmd: list[str]) -> int:
+    """Run torchrun and wait for it, passing it every interrupt and termination, so it ends its ranks
+    before this process ends (before 2026-12-07 a Ctrl-C killed torchrun 0.25 s later, its ranks
+    orphaned, and printed a traceback). torchrun runs in a session (and process group) of its own: a
+    Ctrl-C at the terminal reaches this process only, and torchrun gets it once, from here (a second
+    SIGINT while it ends its ranks would cut that short). A second Ctrl-C kills torchrun's process
+    group."""
+    import threading
+
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # where Python runs signal handlers
+        previous = {sig: signal.signal(sig, lambda sig, _: _signal(proc, sig)) for sig in FORWARDED}
+    interrupted = 0
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:
+                interrupted += 1
+                if interrupted == 1:
+                    _signal(proc, signal.SIGINT)
+                else:
+                    _signal(proc, signal.SIGKILL, group=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if interrupted:
+        print(f"swift {command}: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+def _signal(proc: subprocess.Popen, sig: int, group: bool = False) -> None:
+    try:
+        os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+    except ProcessLookupError:
+        pass  # it has ended
+
+
+def refuse_launch_env(command: str, env) -> str | None:
+    """The line refusing NPROC_PER_NODE / NNODES above 1 for a command that runs as one process (before
+    2026-12-07 they were ignored). `swift web-ui` passes its environment to the runs it launches."""
+    if command in DISTRIBUTED_COMMANDS or command == "web-ui" or "LOCAL_RANK" in env:
+        return None
+    for name in ("NPROC_PER_NODE", "NNODES"):
+        value = env.get(name, "1").strip()
+        if value not in ("", "1", "1:1"):
+            launchers = "/".join(c for c in ROUTE_MAPPING if c in DISTRIBUTED_COMMANDS)
+            return (f"swift {command}: error: {name}={value}: swift {command} runs as one process (only {launchers} "
+                    f"start several); unset {name}")
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,6 +166,10 @@ def main(argv: list[str] | None = None) -> None:
               f"Commands: {', '.join(ROUTE_MAPPING)}", file=sys.stderr)
         raise SystemExit(2)
     env = os.environ
+    refused = refuse_launch_env(command, env)
+    if refused:
+        print(refused, file=sys.stderr)
+        raise SystemExit(2)
     launched = "LOCAL_RANK" in env  # already a torchrun worker
     if command in DISTRIBUTED_COMMANDS and not launched and ("NPROC_PER_NODE" in env or "NNODES" in env):
         raise SystemExit(launch(command, rest, dict(env)))

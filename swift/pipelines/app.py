@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -15,6 +16,7 @@ from swift.pipelines.base import resolve_args
 from swift.utils.registry import SwiftError
 
 SHARE_SERVER = ("api.gradio.app", 443)  # where gradio asks for a share link
+GENERATED_USER = "swift"  # swift web-ui's user when no --auth is given (with a password made at start)
 
 
 @dataclass
@@ -85,7 +87,9 @@ class AppArguments(ComposedArguments):
 class ConsoleArguments:
     runs_dir: str = field(default="swift_runs", metadata={
         "help": "Where launched runs go: one directory per run (its command, process id, log and outputs)."})
-    auth: str | None = field(default=None, metadata={"help": "user:password the page asks for."})
+    auth: str | None = field(default=None, metadata={
+        "help": "user:password the page asks for (default: user swift, with a password made at each start and "
+                "printed once)."})
     auth_file: str | None = field(default=None, metadata={"help": "A file holding user:password (kept off the command line)."})
 
     def credentials(self) -> tuple[str, str] | None:
@@ -124,12 +128,17 @@ def check_share(share: bool) -> None:
                          "(no internet); open the page on --server_name instead") from None
 
 
-def _warn_if_open(server_name: str, guarded: bool, what: str, can: str = "use it") -> None:
+def _warn_if_open(server_name: str, guarded: bool, what: str, can: str = "use it", share: bool = False) -> None:
     import logging
 
     from swift.serving.guard import is_loopback
 
-    if not guarded and not is_loopback(server_name):
+    if guarded:
+        return
+    if share:  # (before 2026-12-07 no warning: only the address was looked at)
+        logging.getLogger("swift").warning(
+            f"{what} --share publishes a gradio.live link with no password: anyone who has the link can {can}")
+    elif not is_loopback(server_name):
         logging.getLogger("swift").warning(
             f"{what} binds {server_name} without --auth: anyone who reaches this address can {can}")
 
@@ -140,7 +149,7 @@ def app_main(args: AppArguments | list[str] | None = None) -> None:
     a = resolve_args(AppArguments, args, "swift app")
     require_gradio()
     check_share(a.share)
-    _warn_if_open(a.server_name, False, "swift app", "chat with the model")  # the page has no password
+    _warn_if_open(a.server_name, False, "swift app", "chat with the model", a.share)  # the page has no password
     if a.base_url:
         from swift.infer.client import api_base
 
@@ -176,10 +185,14 @@ def web_ui_main(args: WebUIArguments | list[str] | None = None) -> None:
     if auth is None and not is_loopback(a.server_name):  # (before 2026-11-29 a warning only)
         raise SwiftError(f"--server_name {a.server_name} opens the console, which runs commands (and plugin code) as "
                          "this user, to other machines: give --auth or --auth_file")
+    if auth is None:  # a password of this start's own (before 2026-12-07 any local user could launch commands)
+        auth = (GENERATED_USER, secrets.token_urlsafe(16))
+        print(f"swift web-ui: log in as user {auth[0]} with password {auth[1]} (made for this start; --auth or "
+              "--auth_file sets your own)", flush=True)
     os.makedirs(a.runs_dir, exist_ok=True)
-    demo, backend = build_console(os.path.abspath(a.runs_dir), lang=a.lang, title=a.studio_title)
+    demo, engines = build_console(os.path.abspath(a.runs_dir), lang=a.lang, title=a.studio_title)
     try:
         demo.queue(default_concurrency_limit=None).launch(server_name=a.server_name, server_port=a.server_port,
                                                           share=a.share, auth=auth, show_error=False, quiet=False)
     finally:
-        backend.close()
+        engines.close()

@@ -63,12 +63,18 @@ class InferArguments(ComposedArguments):
                 raise SwiftError("--stream false applies to the interactive chat; batch mode (--val_dataset) writes "
                                  "whole answers")
             return
-        # --result_path alone is accepted: the web console passes it to every infer run
-        self.refuse_unread(("infer_args",), {"val_dataset", "result_path", "stream"},
+        # (before 2026-12-07 --result_path alone was accepted, as the web console passed it to every run)
+        self.refuse_unread(("infer_args",), {"val_dataset", "stream"},
                            "applies to batch mode only: give --val_dataset (without it swift infer is a chat)")
         if self.logprobs:
             raise SwiftError("--logprobs: the interactive chat does not show log-probs; batch mode (--val_dataset) "
                              "writes them into each result row")
+
+    @staticmethod
+    def outputs_read(values: dict[str, Any]) -> set[str]:
+        """The output flags a run with these flag values reads (the web console sets those): batch
+        mode's --result_path."""
+        return {"result_path"} if values.get("val_dataset") else set()
 
     def _refuse_model_flags(self) -> None:
         """Model, adapter and engine flags this command would not read."""
@@ -103,7 +109,7 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     with --strict. At the end the file is rewritten in dataset order and a summary is written."""
     from swift.dataset.loader import load_rows
 
-    rows = load_rows(a.val_dataset, strict=a.strict)
+    rows = load_rows(a.val_dataset, strict=a.strict, use_hf=a.use_hf, flag="--val_dataset")
     rows.report("val dataset")
     config = a.generation_args.request_config()
     path = a.result_path or "infer_result.jsonl"

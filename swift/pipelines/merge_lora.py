@@ -9,7 +9,7 @@ from typing import Any, Callable, ClassVar
 
 from safetensors import safe_open
 
-from swift.app.runs import LOG_FILE, RUN_FILE, STOP_FILE
+from swift.app.runs import not_console_files
 from swift.arguments.base import ComposedArguments
 from swift.model import load_model
 from swift.model.loader import resolve_model_dir
@@ -57,10 +57,6 @@ class MergeOptions:
         check_output_dir(self.output_dir)
 
 
-# the files the web console keeps in a run's directory, which it passes as --output_dir
-CONSOLE_FILES = frozenset({RUN_FILE, LOG_FILE, STOP_FILE})
-
-
 def check_output_dir(output_dir: str) -> None:
     """A merge writes only into a new or empty directory (one the web console's run files alone may
     be in): never over an earlier model or the base model's own files."""
@@ -71,9 +67,7 @@ def check_output_dir(output_dir: str) -> None:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise SwiftError(f"--output_dir {output_dir}: {parent} is a file, not a directory")
-    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
-    console_tmp = tuple(f".{f}." for f in CONSOLE_FILES)  # the console replacing one: `.swift_run.json.<pid>.tmp`
-    present = sorted(n for n in names if n not in CONSOLE_FILES and not n.startswith(console_tmp))
+    present = not_console_files(os.listdir(output_dir) if os.path.isdir(output_dir) else [])
     if present:
         raise SwiftError(f"--output_dir {output_dir} is not empty ({len(present)} entries, e.g. {present[0]}); pass a "
                          "new or empty directory, so no model is overwritten")

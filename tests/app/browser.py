@@ -27,6 +27,19 @@ def chromium() -> webdriver.Chrome:
     return browser
 
 
+def log_in(driver, url: str, user: str, password: str) -> None:
+    """Log in to a gradio page that has --auth (its /login, posted from the page's origin so the
+    browser keeps the cookie), then open the page."""
+    driver.get(url)
+    status = driver.execute_async_script(
+        "const [url, user, password, done] = arguments;"
+        "fetch(url + 'login', {method: 'POST', credentials: 'same-origin',"
+        " body: new URLSearchParams({username: user, password: password})})"
+        ".then(r => done(r.status), e => done(String(e)));", url, user, password)
+    assert status == 200, f"login refused: {status}"
+    driver.get(url)
+
+
 def wait_for(condition, timeout: float = 60.0, every: float = 0.1, what: str = "the page"):
     """The first truthy value of `condition()` within `timeout` seconds."""
     end = time.monotonic() + timeout

@@ -73,3 +73,24 @@ def test_the_chat_of_a_finished_run_gets_the_template_and_system_it_was_trained_
     assert run.trained_with() == {"template": "chatml", "system": "You are a calculator."}
     (out / "args.json").write_text(json.dumps({"template": None, "system": None}))
     assert run.trained_with() == {}
+
+
+def test_export_from_the_console_writes_into_its_run_directory(tmp_path):
+    """`swift export` launched as the console launches it: into the run's directory, beside the
+    keeper's swift_run.json and run.log (before 2026-12-07 every export from the console was refused
+    there: "--output_dir ... already has files")."""
+    from swift.app.console import check, launchable, with_outputs
+
+    export = launchable()["export"]
+    run_dir = R.new_run_dir(str(tmp_path / "runs"), "export")
+    argv = with_outputs(export, ["--model", "builtin:tiny-chat", "--to_cached_dataset", "true", "--dataset",
+                                 "builtin:arith-sft#8"], str(run_dir))
+    check("export", export, argv)
+    R.launch(run_dir, ["export", *argv])
+    try:
+        wait_until(lambda: (run_dir / R.EXIT_FILE).exists(), 300, "the export to end")
+    finally:
+        R.reap()
+    log = (run_dir / R.LOG_FILE).read_text(errors="replace")
+    assert json.loads((run_dir / R.EXIT_FILE).read_text())["returncode"] == 0, log[-2000:]
+    assert (run_dir / "train").is_dir() and (run_dir / R.RUN_FILE).exists()

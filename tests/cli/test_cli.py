@@ -128,3 +128,117 @@ def test_serving_commands_start_without_the_training_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# a stand-in for torchrun: takes a few tenths of a second to end its ranks after a signal, and
+# writes down every signal it got, once it has ended them
+FAKE_TORCHRUN = """
+import os, signal, sys, time
+got = []
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda sig, _: got.append(signal.Signals(sig).name))
+open(sys.argv[1] + ".pid", "w").write(str(os.getpid()))
+while not got:
+    time.sleep(0.02)
+time.sleep(0.8)  # ends its ranks
+open(sys.argv[1], "w").write(",".join(got))
+sys.exit(3)
+"""
+LAUNCHER = ("import sys\nimport swift.cli.main as M\n"
+            "M.torchrun_command = lambda command, argv, env: [sys.executable, {fake!r}, {mark!r}]\n"
+            "M.main(['sft', '--model', 'm'])\n")
+
+
+def _launch_fake_torchrun(tmp_path):
+    import os
+    import time
+
+    fake, mark = tmp_path / "torchrun.py", tmp_path / "ended"
+    fake.write_text(FAKE_TORCHRUN)
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"} | {"NPROC_PER_NODE": "2"}
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER.format(fake=str(fake), mark=str(mark))], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pid_file = tmp_path / "ended.pid"
+    deadline = time.time() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.time() < deadline and launcher.poll() is None, launcher.communicate()
+        time.sleep(0.05)
+    return launcher, mark, int(pid_file.read_text())
+
+
+def _end(pid: int) -> None:
+    import os
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_ctrl_c_reaches_torchrun_once_and_waits_for_it(tmp_path):
+    """A Ctrl-C at the terminal (SIGINT to the foreground process group): torchrun gets one SIGINT,
+    the launcher waits while it ends its ranks, then says so in one line and exits 130 (before
+    2026-12-07 torchrun was killed 0.25 s later, its ranks orphaned, under a traceback)."""
+    import os
+    import signal
+
+    launcher, mark, torchrun = _launch_fake_torchrun(tmp_path)
+    try:
+        os.killpg(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 130, err
+        assert err.strip().splitlines() == ["swift sft: interrupted"], err
+        assert mark.read_text() == "SIGINT"  # once, and it had ended its ranks before the launcher ended
+    finally:
+        _end(torchrun)
+
+
+def test_sigterm_to_the_launcher_is_passed_to_torchrun(tmp_path):
+    """The web console's stop, or a scheduler, terminates the launcher: torchrun is terminated too and
+    the launcher ends with its exit code (before 2026-12-07 the launcher died alone, torchrun ran on)."""
+    import os
+    import signal
+
+    launcher, mark, torchrun = _launch_fake_torchrun(tmp_path)
+    try:
+        os.kill(launcher.pid, signal.SIGTERM)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 3, err
+        assert mark.read_text() == "SIGTERM" and "Traceback" not in err
+    finally:
+        _end(torchrun)
+
+
+def test_launcher_variables_are_refused_by_commands_of_one_process():
+    """NPROC_PER_NODE / NNODES above 1 start ranks for pt, sft and rlhf only; any other command says so
+    in one line (before 2026-12-07 they were ignored: `NPROC_PER_NODE=8 swift infer` ran one process)."""
+    import os
+
+    from swift.cli.main import refuse_launch_env
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NNODES")} | {"NPROC_PER_NODE": "2"}
+    out = swift("infer", "--model", "builtin:tiny-chat", env=env)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["swift infer: error: NPROC_PER_NODE=2: swift infer runs as one "
+                                               "process (only pt/sft/rlhf start several); unset NPROC_PER_NODE"]
+    assert "NNODES=2:4" in refuse_launch_env("export", {"NNODES": "2:4"})
+    for command, variables in [("sft", {"NPROC_PER_NODE": "2"}), ("infer", {"NPROC_PER_NODE": "1", "NNODES": "1"}),
+                               ("infer", {"NNODES": "1:1"}), ("web-ui", {"NPROC_PER_NODE": "2"}),  # for its runs
+                               ("infer", {"NPROC_PER_NODE": "2", "LOCAL_RANK": "0"})]:  # a rank's own process
+        assert refuse_launch_env(command, variables) is None, (command, variables)
+
+
+def test_a_second_config_file_is_refused():
+    """One config file per line (before 2026-12-07 a second one was silently ignored)."""
+    import pytest
+
+    from swift.arguments.export import ExportArguments
+    from swift.arguments.parser import ArgumentError, parse_args
+
+    for argv, names in [(["a.yaml", "--config", "b.yaml"], "a.yaml, b.yaml"),
+                        (["--config", "a.yaml", "--config=b.json"], "a.yaml, b.json")]:
+        with pytest.raises(ArgumentError) as refused:
+            parse_args(ExportArguments, [*argv, "--model", "builtin:tiny-chat"])
+        assert str(refused.value) == (f"2 config files ({names}): give one (a leading file or --config); put the "
+                                      "other's keys in it or as flags")

@@ -174,6 +174,8 @@ def test_sample_refuses_max_length_where_it_encodes_no_prompt():
     (["--metric", "acc"], "^--metric applies to batch mode only: give --val_dataset"),
     (["--strict", "true"], "^--strict applies to batch mode only: give --val_dataset"),
     (["--logprobs", "true"], "^--logprobs: the interactive chat does not show log-probs"),
+    # before 2026-12-07 accepted (the web console passed it to every infer run, a chat too)
+    (["--result_path", "r.jsonl"], "^--result_path applies to batch mode only: give --val_dataset"),
 ])
 def test_infer_refuses_flags_it_would_not_read(argv, line):
     """Before 2026-11-29 each of these was accepted and ignored (--adapters A B applied only B,
@@ -186,7 +188,6 @@ def test_infer_refuses_flags_it_would_not_read(argv, line):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--result_path", "r.jsonl"],  # the web console passes it to a chat too
     ["--val_dataset", "v.jsonl", "--metric", "acc", "--strict", "true", "--logprobs", "true", "--top_logprobs", "2"],
     ["--infer_backend", "vllm", "--vllm_max_model_len", "256"],
     ["--adapters", "a/lora", "--max_new_tokens", "1"],
