@@ -19,6 +19,7 @@ _LAZY = {
     "rlhf_main": "swift.pipelines.rlhf",
     "infer_main": "swift.pipelines.infer",
     "deploy_main": "swift.pipelines.deploy",
+    "rollout_main": "swift.pipelines.rollout",
     "RLHFArguments": "swift.arguments.rlhf",
     "SftArguments": "swift.arguments",
     "PtArguments": "swift.arguments",

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -242,3 +243,20 @@ def test_a_second_config_file_is_refused():
             parse_args(ExportArguments, [*argv, "--model", "builtin:tiny-chat"])
         assert str(refused.value) == (f"2 config files ({names}): give one (a leading file or --config); put the "
                                       "other's keys in it or as flags")
+
+
+def test_every_python_api_name_in_the_command_table_imports():
+    """docs/cli.md's table names each command's Python entry point: a bare name is importable from
+    `swift` (before 2026-12-07 `rollout_main` was not), a dotted one from its module."""
+    import importlib
+    import re
+
+    import swift
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "cli.md")) as f:
+        names = re.findall(r"^\| `[a-z-]+` \|.*\| `([\w.]+)` \|$", f.read(), re.M)
+    assert len(names) >= 14
+    for name in names:
+        module, _, attr = name.rpartition(".")
+        assert callable(getattr(importlib.import_module(module) if module else swift, attr)), name
