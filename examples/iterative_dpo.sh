@@ -37,6 +37,7 @@ if [ -n "$(ls -A "$OUT" 2>/dev/null)" ] && [ "${OVERWRITE:-0}" != 1 ]; then
     echo "iterative_dpo.sh: $OUT is not empty (an earlier run?): set OUT to a new directory, or OVERWRITE=1" >&2
     exit 1
 fi
+rm -rf "$OUT"  # OVERWRITE=1: its training stages write into fixed directories, which must be new
 mkdir -p "$OUT"
 
 accuracy() {  # model directory, round → prints "round R: held-out accuracy X"

@@ -5,6 +5,13 @@
 set -euo pipefail
 OUT=${OUT:-output/quickstart}
 SEED=${SEED:-42}
+if [ -e "$OUT/pt" ] || [ -e "$OUT/sft" ]; then  # each stage writes into a fixed directory, which must be new
+    if [ "${OVERWRITE:-0}" != 1 ]; then
+        echo "quickstart.sh: $OUT holds an earlier run: set OUT to a new directory, or OVERWRITE=1 to replace it" >&2
+        exit 1
+    fi
+    rm -rf "$OUT/pt" "$OUT/sft"
+fi
 # AdamW with beta2 0.98 and weight decay 0.1 (both stages): the second-moment estimate follows the
 # sharp drop in loss when the model starts to add, instead of lagging behind it as with 0.999.
 # Gradient checkpointing (on by default, as in ms-swift) is off: a 1M-parameter model needs no

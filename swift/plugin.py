@@ -113,12 +113,12 @@ def _refuse_shadowing(name: str, key: str, path: str, flag: str) -> None:
         found = loaded.__spec__ if loaded is not None else importlib.util.find_spec(name)
     except (ImportError, ValueError, AttributeError):  # a dotted name whose parent is no package: nothing to shadow
         return
-    if found is None:
+    origin = getattr(found, "origin", None) if found is not None else None
+    if origin is None:  # nothing importable, or a namespace package (a plain folder): nothing replaced
         return
-    origin = getattr(found, "origin", None)
-    if origin and (os.path.realpath(origin) == key or os.path.dirname(os.path.realpath(origin)) in _plugin_folders):
+    if os.path.realpath(origin) == key or os.path.dirname(os.path.realpath(origin)) in _plugin_folders:
         return  # this file, or another plugin file of that name (the later one is the module from then on)
-    raise SwiftError(f"{flag} {path}: its name {name!r} is also the module {origin or name} here, which "
+    raise SwiftError(f"{flag} {path}: its name {name!r} is also the module {origin} here, which "
                      "importing it would replace; rename the file")
 
 

@@ -72,6 +72,14 @@ def test_a_plugin_error_names_its_file_and_a_plugin_may_not_replace_a_module(tmp
     with pytest.raises(SwiftError, match=r"json.py: its name 'json' is also the module .*json.*rename the file"):
         import_file(str(shadow))
     assert sys.modules["json"] is json
+    (tmp_path / "folder_named_like_it").mkdir()  # a plain folder (a namespace package) on sys.path replaces nothing
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "folder_named_like_it.py").write_text("x = 2\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert import_file(str(tmp_path / "plugins" / "folder_named_like_it.py")).x == 2
+    finally:
+        sys.path.remove(str(tmp_path))
 
 
 @pytest.mark.parametrize("scheduler", ["env", "multi_turn"])

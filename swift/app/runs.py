@@ -262,6 +262,22 @@ def stop(run: Run) -> None:
         pass
 
 
+LAUNCH_VARIABLES = ("NPROC_PER_NODE", "NNODES", "NODE_RANK")
+
+
+def command_env(command: str, env) -> dict[str, str]:
+    """A run's environment: the console's, less the launcher's rank variables for a command that
+    runs one process (the console's NPROC_PER_NODE is for its training runs; before 2026-12-07 an
+    infer/eval/export run from such a console was refused by the CLI after "launched")."""
+    from swift.cli.main import DISTRIBUTED_COMMANDS
+
+    out = {**env, "PYTHONUNBUFFERED": "1"}
+    if command not in DISTRIBUTED_COMMANDS:
+        for name in LAUNCH_VARIABLES:
+            out.pop(name, None)
+    return out
+
+
 def keep(directory: Path) -> int:
     """The keeper: run the command, record how it ended."""
     argv = json.loads(os.environ.pop("SWIFT_RUN_ARGV"))
@@ -278,7 +294,7 @@ def keep(directory: Path) -> int:
     with open(directory / LOG_FILE, "ab") as log:
         child = subprocess.Popen([sys.executable, "-m", "swift.cli.main", *argv], stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                 env=command_env(argv[0], os.environ))
         group.append(child.pid)
         if stopping:  # the stop came before the command started
             _signal_group(group, signal.SIGTERM)

@@ -136,6 +136,8 @@ REASONS: dict[str, tuple[str, ...]] = {
     "entropies are logged whenever --top_entropy_quantile < 1; off-policy metrics whenever --async_generate":
         ("log_entropy", "log_rollout_offpolicy_metrics"),
     "off-policy sequence masking is not implemented": ("off_policy_sequence_mask_delta",),
+    "the environment's summed reward of --multi_turn_scheduler gym is the gym_reward reward function: name it in "
+    "--reward_funcs": ("use_gym_env",),
     # -- infer / deploy / other commands -------------------------------------------------------------
     "batch inference writes each result as it finishes": ("write_batch_size",),
     "batch inference runs every row (take a sample with DATASET#N)": ("val_dataset_sample",),

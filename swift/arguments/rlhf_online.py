@@ -66,6 +66,10 @@ def refuse_unread_online(a) -> None:
         if flag:
             where = " (in server mode, give both to `swift rollout`)" if a.server_mode else ""
             raise SwiftError(f"{flag} does nothing without --multi_turn_scheduler{where}")
+    elif a.gym_env:  # a scheduler that does not read it (before 2026-12-07 it was dropped without a word)
+        from swift.rollout.multi_turn import refuse_unread_env
+
+        refuse_unread_env(a.multi_turn_scheduler, a.gym_env, "--environment_factory" if a.environment_factory else None)
     if not a.prm_model and _given(a, "step_separator"):
         raise SwiftError("--step_separator splits completions into steps for --prm_model; there is none here")
     flag = _given(a, *SERVER_FLAGS) if not a.server_mode else None
@@ -76,10 +80,14 @@ def refuse_unread_online(a) -> None:
 
 
 def _refuse_unread_reward_options(a) -> None:
-    """The built-in reward functions' options, given without the function that reads them (refused only
-    when every --reward_funcs entry is a built-in one: a plugin's may read them)."""
+    """The built-in reward functions' options: soft_overlong's lengths checked, and each option given
+    without the function that reads it refused (only when every --reward_funcs entry is a built-in
+    one: a plugin's may read them)."""
     from swift.rewards import orms
+    from swift.rewards.builtin import SoftOverlong, soft_overlong_lengths
 
+    if "soft_overlong" in a.reward_funcs and orms.get("soft_overlong") is SoftOverlong:
+        soft_overlong_lengths(a)  # a missing or too long --soft_cache_length, before the model loads
     if any(name not in orms or not orms.get(name).__module__.startswith("swift.") for name in a.reward_funcs):
         return
     for func, names in REWARD_FUNC_FLAGS.items():

@@ -38,6 +38,16 @@ class RolloutServerArguments:
             raise SwiftError(f"--data_parallel_size must be at least 1, got {self.data_parallel_size}")
         if self.weight_sync_timeout <= 0:
             raise SwiftError("--weight_sync_timeout must be positive")
+        # before 2026-12-07 these were accepted and the server ran single-turn, or without the environment
+        if not self.multi_turn_scheduler:
+            flag = "--max_turns" if self.max_turns is not None else "--gym_env" if self.gym_env else None
+            if flag:
+                raise SwiftError(f"{flag} does nothing without --multi_turn_scheduler (the server would run "
+                                 "single-turn rollouts)")
+        elif self.gym_env:
+            from swift.rollout.multi_turn import refuse_unread_env
+
+            refuse_unread_env(self.multi_turn_scheduler, self.gym_env)
 
 
 class RolloutArguments(ComposedArguments):

@@ -178,10 +178,15 @@ class TrainPipeline:
         check_specs(a.val_dataset, "--val_dataset")
         base = a.output_dir
         out = resolve_output_dir(a)  # its checks (the checkpoint to resume, an earlier run) before the model loads
-        model, tokenizer, template, info = self.load()
-        train, val, val_rows = self.datasets(template)
-        extra = self.trainer_kwargs(model)  # before the tuner wraps the model (a frozen copy may be taken)
-        model = prepare_model(model, a.tuner_args, task_type=a.task_type)
+        try:
+            model, tokenizer, template, info = self.load()
+            train, val, val_rows = self.datasets(template)
+            extra = self.trainer_kwargs(model)  # before the tuner wraps the model (a frozen copy may be taken)
+            model = prepare_model(model, a.tuner_args, task_type=a.task_type)
+        except BaseException:  # a version claimed for this run and still empty goes (no trail of empty vN-...)
+            if a.add_version and _is_main() and os.path.isdir(out) and not os.listdir(out):
+                os.rmdir(out)
+            raise
         args_path = os.path.join(out, "args.json")
         if _is_main():
             # the base directory, so `--config args.json` repeats the run into a new version beside this one

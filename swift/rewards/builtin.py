@@ -8,6 +8,7 @@ import re
 
 from swift.rewards.base import ORM
 from swift.plugin import register
+from swift.utils.registry import SwiftError
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -107,16 +108,30 @@ class Repetition(ORM):
         return out
 
 
+def soft_overlong_lengths(args) -> tuple[int, int]:
+    """(L_max, L_cache) of the soft_overlong reward: `--soft_max_length` (default
+    `--max_completion_length`) and `--soft_cache_length`, which must be given and below L_max, as
+    ms-swift asserts (before 2026-12-07 a missing one became L_max // 4 and one equal to L_max passed)."""
+    max_len = _option(args, "soft_max_length", None) or _option(args, "max_completion_length", 512)
+    cache = _option(args, "soft_cache_length", None)
+    if cache is None:
+        where = "" if hasattr(args, "soft_cache_length") else " (a flag of `swift rlhf`; this command has none)"
+        raise SwiftError(f"the soft_overlong reward needs --soft_cache_length{where}: L_cache, the last tokens "
+                         f"before --soft_max_length ({max_len}) over which the penalty grows to -1")
+    if not 0 < cache < max_len:
+        raise SwiftError(f"--soft_cache_length {cache} must be in 1..{max_len - 1}: below --soft_max_length "
+                         f"(or --max_completion_length), {max_len}")
+    return max_len, cache
+
+
 @register("reward", "soft_overlong")
 class SoftOverlong(ORM):
-    """DAPO's soft overlong punishment: min(0, −(len − (L_max − L_cache)) / L_cache) in tokens."""
+    """DAPO's soft overlong punishment (arXiv 2503.14476): min(0, −(len − (L_max − L_cache)) / L_cache)
+    in tokens."""
 
     def __init__(self, args=None, **kwargs):
         super().__init__(args)
-        self.max_len = _option(args, "soft_max_length", None) or _option(args, "max_completion_length", 512)
-        self.cache = _option(args, "soft_cache_length", None) or max(self.max_len // 4, 1)
-        if self.cache > self.max_len:
-            raise ValueError(f"soft_cache_length {self.cache} exceeds soft_max_length {self.max_len}")
+        self.max_len, self.cache = soft_overlong_lengths(args)
 
     def __call__(self, completions, **kwargs):
         start = self.max_len - self.cache

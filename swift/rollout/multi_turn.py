@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swift.rewards.builtin import is_correct
+from swift.utils.event_loop import EventLoopThread
 from swift.utils.registry import Registry, SwiftError
 from swift.plugin import register
 
@@ -42,7 +43,17 @@ class RolloutInferRequest:
 
 
 class MultiTurnScheduler:
-    def __init__(self, max_turns: int | None = None, *args, **kwargs):
+    """ms-swift's constructor: `(infer_engine=None, max_turns=None, *args, **kwargs)`, so a plugin's
+    `super().__init__(infer_engine, max_turns, ...)` keeps its `max_turns` (before 2026-12-07 ours took
+    `max_turns` first and such a plugin lost it; an int given first is still read as `max_turns`).
+    `infer_engine` and `tokenizer` are None here: the rollout calls the engine and renders the
+    template, not the scheduler (a `tokenizer` keyword or an engine that has one sets `tokenizer`)."""
+
+    def __init__(self, infer_engine=None, max_turns: int | None = None, *args, **kwargs):
+        if isinstance(infer_engine, int) and not isinstance(infer_engine, bool) and max_turns is None:
+            infer_engine, max_turns = None, infer_engine  # a subclass written for the old order
+        self.infer_engine = infer_engine
+        self.tokenizer = kwargs.get("tokenizer") or getattr(infer_engine, "tokenizer", None)
         self.max_turns = max_turns
 
     def check_finished(self, infer_request: RolloutInferRequest, response_choice, current_turn: int) -> bool:
@@ -135,8 +146,8 @@ class GymScheduler(MultiTurnScheduler):
     action, each observation becomes the next user message; the summed environment reward is handed
     to reward functions as the `gym_reward` column (see the `gym_reward` reward)."""
 
-    def __init__(self, max_turns=None, *args, env: str | None = None, **kwargs):
-        super().__init__(max_turns)
+    def __init__(self, infer_engine=None, max_turns=None, *args, env: str | None = None, **kwargs):
+        super().__init__(infer_engine, max_turns, *args, **kwargs)
         self.default_env = env
         self._envs: dict[int, tuple[Env, list]] = {}
 
@@ -190,35 +201,73 @@ class GymScheduler(MultiTurnScheduler):
         return {"infer_request": infer_request}
 
 
+AGENT_TIMEOUT = 600  # seconds an agent's reset or step may take (a server that stopped answering)
+
+
+@dataclass
+class _Agent:
+    """One trajectory's AgentInstance and what OpenRLHF's executor keeps beside it."""
+
+    instance: Any
+    label: Any
+    text: str  # OpenRLHF's observation_text: the observation, then each answer and its feedback
+    reward: float = 0.0  # the step rewards summed
+
+
+def _number(value) -> float:
+    return float(value.item() if hasattr(value, "item") else value)
+
+
 class AgentInstanceScheduler(MultiTurnScheduler):
-    """Runs an OpenRLHF-style `AgentInstance` (async `reset(states)` and `step(states)`, returning
-    `environment_feedback`, `done` and `rewards`); the feedback becomes the next user message and
-    the last reward is handed to reward functions as `agent_reward`."""
+    """Runs an OpenRLHF `AgentInstance` file as OpenRLHF's `MultiTurnAgentExecutor` does
+    (openrlhf/utils/agent.py), one instance per trajectory. Before the first turn `reset({"observation":
+    prompt, "label": label})` (the prompt: its messages' text, one per line; the label: the row's
+    `solution`, else `label`) returns `{"observation": ...}`, which the model answers: the prompt as it
+    was when unchanged, the prompt with its last message extended when the observation extends it, else
+    the observation alone as the one user message. After each answer `step({"observation_text": the
+    text so far, "action_text": the answer, "label": label})` returns `environment_feedback` (the next
+    user message), `done` and `rewards`. The rewards summed over the steps reach reward functions as
+    `agent_reward` (OpenRLHF's reward; before 2026-12-07 the last step's alone), and `scores` (the last
+    step's, else that sum: what OpenRLHF's dynamic filtering reads) as `agent_score`. Async methods run
+    on one event loop of the scheduler's own, so what an agent opens in `reset` (a client session) is
+    still usable in `step` (before 2026-12-07 each call had a loop of its own)."""
 
     def __init__(self, agent_cls, max_turns=None, *args, **kwargs):
-        super().__init__(max_turns)
+        super().__init__(None, max_turns, *args, **kwargs)
         self.agent_cls = agent_cls
-        self._agents: dict[int, Any] = {}
+        self._agents: dict[str, _Agent] = {}
+        self._loop = EventLoopThread()
 
-    @staticmethod
-    def _run(value):
-        import asyncio
-
-        return asyncio.run(value) if inspect.isawaitable(value) else value
+    def start(self, infer_request):
+        data = infer_request.data_dict
+        label = data.get("solution", data.get("label"))
+        prompt = "\n".join(str(m["content"]) for m in infer_request.messages)
+        instance = self.agent_cls()
+        result = self._loop.run(instance.reset({"observation": prompt, "label": label}), AGENT_TIMEOUT)
+        if not (isinstance(result, dict) and isinstance(result.get("observation"), str)):
+            raise SwiftError(f"{type(instance).__name__}.reset returned {type(result).__name__}; it must return "
+                             "{'observation': text} (OpenRLHF's AgentInstanceBase returns the states it is given)")
+        observation = result["observation"]
+        if observation != prompt:
+            if observation.startswith(prompt) and infer_request.messages:
+                last = infer_request.messages[-1]
+                infer_request.messages[-1] = {**last, "content": last["content"] + observation[len(prompt):]}
+            else:
+                infer_request.messages[:] = [{"role": "user", "content": observation}]
+        self._agents[infer_request.uid] = _Agent(instance, label, observation)
 
     def check_finished(self, infer_request, response_choice, current_turn):
-        key = infer_request.uid
-        label = infer_request.data_dict.get("solution", infer_request.data_dict.get("label"))
-        if key not in self._agents:
-            agent = self.agent_cls()
-            prompt = "\n".join(m["content"] for m in infer_request.messages[:-1])
-            self._run(agent.reset({"observation": prompt, "label": label}))
-            self._agents[key] = agent
-        action = infer_request.messages[-1]["content"]
-        result = self._run(self._agents[key].step({"observation_text": "", "action_text": action, "label": label}))
-        reward = result.get("rewards", 0.0)
-        infer_request.rollout_infos["agent_reward"] = float(reward.item() if hasattr(reward, "item") else reward)
-        infer_request.rollout_infos["_feedback"] = result.get("environment_feedback", "")
+        agent = self._agents[infer_request.uid]
+        action = response_choice.text
+        result = self._loop.run(agent.instance.step(
+            {"observation_text": agent.text, "action_text": action, "label": agent.label}), AGENT_TIMEOUT)
+        feedback = result.get("environment_feedback", "")
+        agent.text += action + feedback
+        agent.reward += _number(result.get("rewards", 0.0))
+        infos = infer_request.rollout_infos
+        infos["agent_reward"] = agent.reward
+        infos["agent_score"] = _number(result["scores"]) if result.get("scores") is not None else agent.reward
+        infos["_feedback"] = feedback
         return bool(result.get("done")) or super().check_finished(infer_request, response_choice, current_turn)
 
     def release(self, infer_request):
@@ -229,10 +278,29 @@ class AgentInstanceScheduler(MultiTurnScheduler):
         return {"infer_request": infer_request}
 
 
+def scheduler_class(name: str) -> type:
+    """The class `build_scheduler` builds for `name` (without importing an AgentInstance file)."""
+    return AgentInstanceScheduler if name.endswith(".py") else multi_turns.get(name)
+
+
+def refuse_unread_env(name: str | None, env: str | None, given_as: str | None = None) -> None:
+    """`--gym_env` names the gym scheduler's environment: refused with a scheduler that does not take it
+    (before 2026-12-07 it was dropped without a word). A scheduler takes it when it is the gym
+    scheduler (or a subclass) or its constructor has an `env` parameter."""
+    if not env or not name:
+        return
+    cls = scheduler_class(name)
+    if inspect.isclass(cls) and issubclass(cls, GymScheduler) or "env" in inspect.signature(cls).parameters:
+        return
+    raise SwiftError(f"--gym_env names the environment of --multi_turn_scheduler gym; "
+                     f"{given_as or f'--multi_turn_scheduler {name}'} does not read it: drop --gym_env")
+
+
 def build_scheduler(name: str | None, max_turns: int | None, **kwargs) -> MultiTurnScheduler | None:
     """A registered name, a `module:Class` path, or a `.py` file defining `AgentInstance` (OpenRLHF)."""
     if not name:
         return None
+    refuse_unread_env(name, kwargs.get("env"))
     if name.endswith(".py"):
         from swift.plugin import import_file
 

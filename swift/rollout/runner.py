@@ -168,6 +168,8 @@ def _multi_turn(engine: InferEngine, template: Template, states: list[RolloutInf
                 result = scheduler.step(state, choice, turns[i])
                 state = result["infer_request"]
                 following = template.encode_continuation(state.messages, state.tools)
+                if _common_prefix(ids[i], following) < prompt_len[i]:
+                    following = _spliced(template.tokenizer, ids[i], following)
                 mask, lp = continued(ids[i], following, prompt_len[i], masks[i], lps[i], who)
             except Exception as e:  # noqa: BLE001 - this trajectory's environment failed; the others go on
                 logger.error(f"{who} failed on a trajectory after turn {turns[i]}; it ends there: "
@@ -239,6 +241,22 @@ def continued(ids: list[int], following: list[int], prompt_len: int, mask: list[
         raise SwiftError(f"{who} changed the prompt of a trajectory")
     added = len(following) - keep
     return mask[:keep - prompt_len] + [0] * added, logprobs[:keep - prompt_len] + [float("nan")] * added
+
+
+def _spliced(tokenizer, ids: list[int], following: list[int]) -> list[int]:
+    """The next turn's ids as the tokens sampled so far plus the rest of the re-rendered conversation
+    tokenized on its own, when re-rendering merged the answer's first characters with the text
+    before it (an answer starting "\n" after a prompt ending "\n" re-tokenizes as "\n\n"): the
+    prompt and the answer keep the tokens they were sampled as (before 2026-12-07 such a trajectory
+    ended as "changed the prompt"). Unchanged when the text so far is not a prefix of the new one (a
+    scheduler that edited the conversation)."""
+    def text(x):
+        return tokenizer.decode(x, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    so_far, whole = text(ids), text(following)
+    if not whole.startswith(so_far):
+        return following
+    return list(ids) + tokenizer.encode(whole[len(so_far):], add_special_tokens=False)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -94,3 +94,14 @@ def test_export_from_the_console_writes_into_its_run_directory(tmp_path):
     log = (run_dir / R.LOG_FILE).read_text(errors="replace")
     assert json.loads((run_dir / R.EXIT_FILE).read_text())["returncode"] == 0, log[-2000:]
     assert (run_dir / "train").is_dir() and (run_dir / R.RUN_FILE).exists()
+
+
+def test_one_process_commands_run_without_the_consoles_rank_variables():
+    """`NPROC_PER_NODE=2 swift web-ui`: training runs keep it, the others run without it (before
+    2026-12-07 they inherited it and the CLI refused them after the page said "launched")."""
+    env = {"NPROC_PER_NODE": "2", "NNODES": "1", "NODE_RANK": "0", "PATH": "/bin"}
+    assert {k: R.command_env("sft", env)[k] for k in R.LAUNCH_VARIABLES} == {"NPROC_PER_NODE": "2", "NNODES": "1",
+                                                                          "NODE_RANK": "0"}
+    for command in ("infer", "eval", "export", "merge-lora", "sample"):
+        assert not set(R.LAUNCH_VARIABLES) & set(R.command_env(command, env)), command
+    assert R.command_env("infer", env)["PATH"] == "/bin"

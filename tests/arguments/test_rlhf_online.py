@@ -34,6 +34,20 @@ def parse(*argv: str):
     (["--max_turns", "3"], "--max_turns does nothing without --multi_turn_scheduler$"),
     ([*SERVER, "--max_turns", "3"], r"--max_turns does nothing without --multi_turn_scheduler \(in server mode"),
     (["--gym_env", "guess_number"], "--gym_env does nothing without --multi_turn_scheduler"),
+    # before 2026-12-07 a scheduler that does not read it dropped it without a word
+    (["--multi_turn_scheduler", "math_tip_trick", "--gym_env", "guess_number"],
+     "^--gym_env names the environment of --multi_turn_scheduler gym; --multi_turn_scheduler math_tip_trick does not "
+     "read it: drop --gym_env$"),
+    (["--environment_factory", "my_env.py:ToolEnv", "--gym_env", "guess_number"],
+     "^--gym_env names the environment of --multi_turn_scheduler gym; --environment_factory does not read it"),
+    # ms-swift asserts it (before 2026-12-07 a missing one became L_max // 4, and one of L_max passed)
+    (["--reward_funcs", "soft_overlong"], "^the soft_overlong reward needs --soft_cache_length: L_cache, the last "
+                                          r"tokens before --soft_max_length \(512\)"),
+    (["--reward_funcs", "soft_overlong", "--soft_cache_length", "512"],
+     r"^--soft_cache_length 512 must be in 1\.\.511: below --soft_max_length \(or --max_completion_length\), 512$"),
+    (["--reward_funcs", "soft_overlong", "--soft_max_length", "100", "--soft_cache_length", "100"],
+     r"^--soft_cache_length 100 must be in 1\.\.99"),
+    (["--reward_funcs", "soft_overlong", "--soft_cache_length", "0"], r"^--soft_cache_length 0 must be in 1\.\.511"),
     (["--soft_max_length", "100"], "--soft_max_length is an option of the soft_overlong reward function, which "
                                    r"--reward_funcs does not name \(accuracy\)"),
     (["--soft_cache_length", "10"], "--soft_cache_length is an option of the soft_overlong reward function"),
@@ -66,6 +80,9 @@ def test_a_flag_this_configuration_never_reads_is_refused_in_one_line(argv, mess
     [*SERVER, "--async_generate", "true", "--rollout_importance_sampling_mode", "token_mask",
      "--rollout_importance_sampling_threshold", "3"],
     ["--multi_turn_scheduler", "gym", "--gym_env", "guess_number", "--max_turns", "3"],
+    ["--reward_funcs", "soft_overlong", "--soft_cache_length", "128"],
+    ["--reward_funcs", "soft_overlong", "--max_completion_length", "64", "--soft_max_length", "100",
+     "--soft_cache_length", "99"],
     ["--reward_funcs", "soft_overlong", "cosine", "repetition", "--soft_max_length", "100", "--soft_cache_length",
      "10", "--cosine_max_len", "100", "--repetition_n_grams", "4"],
     ["--reward_funcs", "my_plugin_reward", "--cosine_max_len", "100"],  # a plugin's function may read it
@@ -81,3 +98,20 @@ def test_a_flag_this_configuration_never_reads_is_refused_in_one_line(argv, mess
 ])
 def test_the_same_flags_where_they_are_read_pass(argv):
     parse(*argv)
+
+
+@pytest.mark.parametrize("where", ["command line", "config"])
+def test_ms_swifts_use_gym_env_is_refused_naming_what_does_it_here(where, tmp_path):
+    """ms-swift's --use_gym_env true adds the environment's total_reward as a reward column; here that
+    reward is the gym_reward function (before 2026-12-07 the flag was an unknown one)."""
+    argv = ["--multi_turn_scheduler", "gym", "--gym_env", "guess_number"]
+    if where == "config":
+        config = tmp_path / "rlhf.yaml"
+        config.write_text("use_gym_env: true\n")
+        argv += ["--config", str(config)]
+    else:
+        argv += ["--use_gym_env", "true"]
+    with pytest.raises(SwiftError, match="--use_gym_env is an ms-swift flag this version does not support: the "
+                                         "environment's summed reward of --multi_turn_scheduler gym is the gym_reward "
+                                         "reward function: name it in --reward_funcs$"):
+        parse(*argv)

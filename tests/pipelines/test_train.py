@@ -235,6 +235,16 @@ def test_a_checkpoint_without_optimizer_state_or_a_run_in_the_directory_is_refus
     assert config.read_text() == f"output_dir: {config.parent}\n"
 
 
+def test_a_run_that_fails_to_load_leaves_no_empty_version_directory(tmp_path):
+    """The version directory is claimed before the model loads (its checks come first); a load that
+    fails removes it while it is still empty."""
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "q"}]}\n')  # no answer: no usable rows
+    with pytest.raises(SwiftError):
+        sft_main(train_argv(tmp_path / "out", "--add_version", "true", "--dataset", str(bad)))
+    assert os.listdir(tmp_path / "out") == []
+
+
 def test_several_gpus_in_one_process_are_refused(tmp_path, monkeypatch):
     """HF would train under DataParallel, which splits every tensor argument across the replicas, our
     `logits_to_keep` positions too (GPU only: HF's GPU count is faked here)."""

@@ -134,6 +134,110 @@ def test_openrlhf_agent_instance(tokenizer, tmp_path):
     assert t.rollout_infos["agent_reward"] == 1.0
 
 
+AGENT = """
+import asyncio
+
+seen = []  # what reset and step were given, in order
+
+class AgentInstance:
+    async def reset(self, states, **kwargs):
+        self.loop = asyncio.get_running_loop()  # what an agent opens here (a client session) is bound to it
+        seen.append(("reset", states["observation"], states["label"]))
+        return {"observation": OBSERVATION(states["observation"])}
+
+    async def step(self, states, **kwargs):
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError("Future attached to a different loop")
+        seen.append(("step", states["observation_text"], states["action_text"]))
+        done = states["action_text"] == "2"
+        return {"rewards": 0.5, "environment_feedback": "" if done else " no", "done": done}
+"""
+
+
+def agent_rollout(tokenizer, tmp_path, observation: str):
+    from swift.plugin import import_file
+
+    path = tmp_path / f"openrlhf_agent_{len(list(tmp_path.iterdir()))}.py"  # a file is imported once
+    path.write_text(f"OBSERVATION = {observation}\n" + AGENT)
+    engine = ScriptedEngine(tokenizer, ["1", "2"])
+    scheduler = build_scheduler(str(path), max_turns=4)
+    request = RolloutInferRequest([{"role": "user", "content": "1+1="}], {"solution": "2"})
+    t, = rollout(engine, get_template("chatml", tokenizer), [request], RequestConfig(), 1, scheduler=scheduler,
+                 max_completion_length=64)
+    return t, engine, import_file(str(path)).seen, scheduler
+
+
+def test_an_agent_runs_as_openrlhfs_executor_runs_it(tokenizer, tmp_path):
+    """As OpenRLHF's MultiTurnAgentExecutor: reset before the first turn, step given the text so far
+    (the observation, then each answer and its feedback), the step rewards summed, one event loop for
+    every call of an agent (before 2026-12-07: reset at the first answer, observation_text "", the
+    last reward alone, and a loop per call, so step met a loop other than reset's)."""
+    t, engine, seen, scheduler = agent_rollout(tokenizer, tmp_path, "lambda prompt: prompt")
+    assert seen == [("reset", "1+1=", "2"), ("step", "1+1=", "1"), ("step", "1+1=1 no", "2")]
+    assert [m["content"] for m in t.messages] == ["1+1=", "1", " no", "2"] and "rollout_error" not in t.rollout_infos
+    assert t.rollout_infos["agent_reward"] == 1.0 and t.rollout_infos["agent_score"] == 1.0
+    assert scheduler._agents == {}  # released
+
+
+def test_an_agents_first_observation_is_what_the_model_answers(tokenizer, tmp_path):
+    """reset's observation extending the prompt extends its last message; any other replaces the
+    prompt (before 2026-12-07 it was dropped: the model answered the dataset's prompt)."""
+    t, engine, seen, _ = agent_rollout(tokenizer, tmp_path, "lambda prompt: prompt + ' (digits only)'")
+    assert t.messages[0] == {"role": "user", "content": "1+1= (digits only)"}
+    assert "(digits only)" in tokenizer.decode(engine.prompts[0]) and seen[1][1] == "1+1= (digits only)"
+    t, engine, seen, _ = agent_rollout(tokenizer, tmp_path, "lambda prompt: 'What is one plus one?'")
+    assert t.messages[0] == {"role": "user", "content": "What is one plus one?"} and t.turns == 2
+    assert "1+1=" not in tokenizer.decode(engine.prompts[0])
+
+
+def test_an_agent_whose_reset_returns_no_observation_gets_no_turn(tokenizer, tmp_path):
+    t, engine, _, scheduler = agent_rollout(tokenizer, tmp_path, "lambda prompt: [prompt]")
+    assert t.rollout_infos["rollout_error"] == "SwiftError" and engine.prompts == [] and scheduler._agents == {}
+
+
+def test_an_ms_swift_scheduler_plugin_keeps_its_max_turns():
+    """ms-swift's constructor takes infer_engine first; its plugins call super().__init__(infer_engine,
+    max_turns) (before 2026-12-07 ours took max_turns first, so such a plugin ran without a turn limit).
+    A subclass written for the old order still gets its max_turns."""
+    from swift.rollout.multi_turn import multi_turns
+
+    class MsSwiftStyle(MultiTurnScheduler):
+        def __init__(self, infer_engine=None, max_turns=None, *args, **kwargs):
+            super().__init__(infer_engine, max_turns, *args, **kwargs)
+
+    class OldStyle(MultiTurnScheduler):
+        def __init__(self, max_turns=None, *args, **kwargs):
+            super().__init__(max_turns)
+
+    multi_turns["ms_swift_style"], multi_turns["old_style"] = MsSwiftStyle, OldStyle
+    try:
+        for name in ("ms_swift_style", "old_style", "gym", "math_tip_trick"):
+            scheduler = build_scheduler(name, 3, env="guess_number" if name == "gym" else None)
+            assert scheduler.max_turns == 3 and scheduler.infer_engine is None and scheduler.tokenizer is None, name
+    finally:
+        del multi_turns._items["ms_swift_style"], multi_turns._items["old_style"]
+
+
+def test_gym_env_with_a_scheduler_that_does_not_read_it_is_refused(tmp_path):
+    """(before 2026-12-07 build_scheduler dropped it without a word)"""
+    from swift.rollout.multi_turn import GymScheduler, multi_turns
+
+    with pytest.raises(SwiftError, match="^--gym_env names the environment of --multi_turn_scheduler gym; "
+                                         "--multi_turn_scheduler math_tip_trick does not read it: drop --gym_env$"):
+        build_scheduler("math_tip_trick", 3, env="guess_number")
+    with pytest.raises(SwiftError, match="agent.py does not read it"):
+        build_scheduler(str(tmp_path / "agent.py"), 3, env="guess_number")
+
+    class MyGym(GymScheduler):
+        pass
+
+    multi_turns["my_gym"] = MyGym
+    try:
+        assert build_scheduler("my_gym", 3, env="guess_number").default_env == "guess_number"
+    finally:
+        del multi_turns._items["my_gym"]
+
+
 def test_max_turns_stops_the_rollout(tokenizer):
     template = get_template("chatml", tokenizer)
     engine = ScriptedEngine(tokenizer, ["10", "11"])
@@ -412,3 +516,22 @@ def test_a_release_that_fails_loses_no_trajectory(tokenizer):
         logging.getLogger("swift").removeHandler(handler)
     assert [t.turns for t in out] == [2, 2] and len(scheduler.released) == 1
     assert any("failed to release a trajectory: RuntimeError: the sandbox is gone" in r.getMessage() for r in records)
+
+
+def test_an_answer_whose_first_characters_merge_with_the_prompt_goes_on(tokenizer):
+    """The chat template's generation prompt ends with "\\n"; an answer starting with "\\n" re-renders
+    as one "\\n\\n" token: the trajectory keeps its sampled tokens and goes on to its next turn (before
+    2026-12-07 it ended there as "changed the prompt")."""
+    class Again(MultiTurnScheduler):
+        def step(self, infer_request, response_choice, current_turn):
+            infer_request.messages.append({"role": "user", "content": "again"})
+            return {"infer_request": infer_request}
+
+    template = get_template("chatml", tokenizer, loss_scale="default")
+    engine = ScriptedEngine(tokenizer, ["\n       52", "53"])
+    t, = rollout(engine, template, [RolloutInferRequest([{"role": "user", "content": "07+45="}])],
+                 RequestConfig(max_tokens=8), 1, scheduler=Again(max_turns=2))
+    assert t.turns == 2 and "rollout_error" not in t.rollout_infos and t.text == "53"
+    first = engine.prompts[0]
+    assert engine.prompts[1][:len(first)] == first  # the second turn continues the tokens sampled
+    assert generated_text(tokenizer, t) == "\n       52<|im_end|>53<|im_end|>"

@@ -369,6 +369,12 @@ def test_a_bucket_that_would_load_wrongly_is_refused_before_anything_is_received
     (["--max_length", "64", "--truncation_strategy", "left"],
      "--max_length caps prompts this command encodes; swift rollout does not cap prompts"),
     (["--loss_scale", "all"], "--loss_scale applies to training (which tokens get loss); this command only generates"),
+    # before 2026-12-07 the server ran single-turn, or without the environment
+    (["--max_turns", "3"], "--max_turns does nothing without --multi_turn_scheduler (the server would run single-turn"),
+    (["--gym_env", "guess_number"], "--gym_env does nothing without --multi_turn_scheduler"),
+    (["--multi_turn_scheduler", "math_tip_trick", "--gym_env", "guess_number"],
+     "--gym_env names the environment of --multi_turn_scheduler gym; --multi_turn_scheduler math_tip_trick does not "
+     "read it: drop --gym_env"),
 ])
 def test_flags_a_generation_server_does_not_read_are_refused(argv, message):
     """(before 2026-11-29 `swift rollout --task_type seq_cls` started and served a causal LM)"""
@@ -376,6 +382,15 @@ def test_flags_a_generation_server_does_not_read_are_refused(argv, message):
     from swift.pipelines.rollout import RolloutArguments
 
     with pytest.raises(SwiftError, match="^" + re.escape(message)):
+        parse_args(RolloutArguments, ["--model", "builtin:tiny-chat", *argv])
+
+
+def test_the_multi_turn_flags_where_they_are_read_pass():
+    from swift.arguments.parser import parse_args
+    from swift.pipelines.rollout import RolloutArguments
+
+    for argv in (["--multi_turn_scheduler", "gym", "--gym_env", "guess_number", "--max_turns", "3"],
+                 ["--multi_turn_scheduler", "math_tip_trick", "--max_turns", "2"]):
         parse_args(RolloutArguments, ["--model", "builtin:tiny-chat", *argv])
 
 
