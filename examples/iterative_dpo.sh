@@ -37,7 +37,9 @@ if [ -n "$(ls -A "$OUT" 2>/dev/null)" ] && [ "${OVERWRITE:-0}" != 1 ]; then
     echo "iterative_dpo.sh: $OUT is not empty (an earlier run?): set OUT to a new directory, or OVERWRITE=1" >&2
     exit 1
 fi
-rm -rf "$OUT"  # OVERWRITE=1: its training stages write into fixed directories, which must be new
+# OVERWRITE=1: what this script writes goes (its training stages write into fixed directories,
+# which must be new); anything else in $OUT (the quickstart's model, say) stays
+rm -rf "$OUT"/round[0-9]* "$OUT"/eval "$OUT"/eval_round*.log "$OUT"/confused.jsonl
 mkdir -p "$OUT"
 
 accuracy() {  # model directory, round → prints "round R: held-out accuracy X"

@@ -101,15 +101,23 @@ def _supervise(command: str, cmd: list[str]) -> int:
     orphaned, and printed a traceback). torchrun runs in a session (and process group) of its own: a
     Ctrl-C at the terminal reaches this process only, and torchrun gets it once, from here (a second
     SIGINT while it ends its ranks would cut that short). A second Ctrl-C kills torchrun's process
-    group."""
+    group (torchrun starts each rank in a session of its own: ranks it had not ended yet may then
+    outlive it)."""
     import threading
 
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    started: list[subprocess.Popen] = []
     previous = {}
     if threading.current_thread() is threading.main_thread():  # where Python runs signal handlers
-        previous = {sig: signal.signal(sig, lambda sig, _: _signal(proc, sig)) for sig in FORWARDED}
+        # installed before torchrun starts, so no signal falls between the two
+        def forward(sig, _frame):
+            if started:
+                _signal(started[0], sig)
+
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     interrupted = 0
     try:
+        started.append(subprocess.Popen(cmd, start_new_session=True))
+        proc = started[0]
         while True:
             try:
                 code = proc.wait()

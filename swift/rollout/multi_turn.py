@@ -242,7 +242,10 @@ class AgentInstanceScheduler(MultiTurnScheduler):
         data = infer_request.data_dict
         label = data.get("solution", data.get("label"))
         prompt = "\n".join(str(m["content"]) for m in infer_request.messages)
-        instance = self.agent_cls()
+        instance = self.agent_cls.__new__(self.agent_cls)  # OpenRLHF's AgentInstanceBase has `async def __init__`
+        made = self.agent_cls.__init__(instance)
+        if inspect.isawaitable(made):
+            self._loop.run(made, AGENT_TIMEOUT)
         result = self._loop.run(instance.reset({"observation": prompt, "label": label}), AGENT_TIMEOUT)
         if not (isinstance(result, dict) and isinstance(result.get("observation"), str)):
             raise SwiftError(f"{type(instance).__name__}.reset returned {type(result).__name__}; it must return "

@@ -244,19 +244,25 @@ def continued(ids: list[int], following: list[int], prompt_len: int, mask: list[
 
 
 def _spliced(tokenizer, ids: list[int], following: list[int]) -> list[int]:
-    """The next turn's ids as the tokens sampled so far plus the rest of the re-rendered conversation
-    tokenized on its own, when re-rendering merged the answer's first characters with the text
-    before it (an answer starting "\n" after a prompt ending "\n" re-tokenizes as "\n\n"): the
-    prompt and the answer keep the tokens they were sampled as (before 2026-12-07 such a trajectory
-    ended as "changed the prompt"). Unchanged when the text so far is not a prefix of the new one (a
-    scheduler that edited the conversation)."""
+    """The next turn's ids as the tokens sampled so far plus the template's own ids for the rest,
+    when re-rendering merged the answer's first characters with the text before it (an answer
+    starting "\n" after a prompt ending "\n" re-tokenizes as "\n\n"): the prompt and the answer keep
+    the tokens they were sampled as (before 2026-12-07 such a trajectory ended as "changed the
+    prompt"). The rest is cut from the template's encoding at the token where its text reaches the
+    text so far, so what the template keeps as plain text (control-token text in a reply, under
+    `split_special_tokens`) stays so. Unchanged when no token of it ends there (a scheduler that
+    edited the conversation)."""
     def text(x):
         return tokenizer.decode(x, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    so_far, whole = text(ids), text(following)
-    if not whole.startswith(so_far):
-        return following
-    return list(ids) + tokenizer.encode(whole[len(so_far):], add_special_tokens=False)
+    so_far = text(ids)
+    for j in range(_common_prefix(ids, following), len(following) + 1):
+        head = text(following[:j])
+        if head == so_far:
+            return list(ids) + following[j:]
+        if len(head) > len(so_far):
+            break
+    return following
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
