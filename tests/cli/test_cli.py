@@ -157,8 +157,13 @@ def _launch_fake_torchrun(tmp_path):
     fake, mark = tmp_path / "torchrun.py", tmp_path / "ended"
     fake.write_text(FAKE_TORCHRUN)
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"} | {"NPROC_PER_NODE": "2"}
+    import signal
+
+    # as from a terminal: SIGINT at its default (a test runner's worker may ignore it, and an ignored
+    # SIGINT stays ignored in its children, where Ctrl-C would then do nothing)
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER.format(fake=str(fake), mark=str(mark))], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pid_file = tmp_path / "ended.pid"
     deadline = time.time() + 60
     while not (pid_file.exists() and pid_file.read_text()):
