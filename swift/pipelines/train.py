@@ -177,6 +177,7 @@ class TrainPipeline:
         check_specs(a.dataset)  # a missing file or unknown built-in: before the model loads
         check_specs(a.val_dataset, "--val_dataset")
         base = a.output_dir
+        base_existed = os.path.isdir(base)
         out = resolve_output_dir(a)  # its checks (the checkpoint to resume, an earlier run) before the model loads
         try:
             model, tokenizer, template, info = self.load()
@@ -186,6 +187,8 @@ class TrainPipeline:
         except BaseException:  # a version claimed for this run and still empty goes (no trail of empty vN-...)
             if a.add_version and _is_main() and os.path.isdir(out) and not os.listdir(out):
                 os.rmdir(out)
+                if not base_existed and os.path.isdir(base) and not os.listdir(base):
+                    os.rmdir(base)  # made for this run only
             raise
         args_path = os.path.join(out, "args.json")
         if _is_main():

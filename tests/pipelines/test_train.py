@@ -242,7 +242,7 @@ def test_a_run_that_fails_to_load_leaves_no_empty_version_directory(tmp_path):
     bad.write_text('{"messages": [{"role": "user", "content": "q"}]}\n')  # no answer: no usable rows
     with pytest.raises(SwiftError):
         sft_main(train_argv(tmp_path / "out", "--add_version", "true", "--dataset", str(bad)))
-    assert os.listdir(tmp_path / "out") == []
+    assert not (tmp_path / "out").exists()  # nor the --output_dir made for it
 
 
 def test_several_gpus_in_one_process_are_refused(tmp_path, monkeypatch):
