@@ -82,8 +82,10 @@ def test_bad_rows_reported_and_strict_stops(tmp_path):
     cmd = [*SWIFT, "sft", *train_argv(tmp_path / "o", "--dataset", str(data), "--max_steps", "1")]
     ok = subprocess.run(cmd, capture_output=True, text=True)
     assert ok.returncode == 0 and "dropped 1 of 8 rows read: 1 × messages is empty" in ok.stderr
-    strict = subprocess.run(cmd + ["--strict", "true"], capture_output=True, text=True)
-    assert strict.returncode == 1
+    strict_cmd = [*SWIFT, "sft", *train_argv(tmp_path / "s", "--dataset", str(data), "--max_steps", "1",
+                                             "--strict", "true")]
+    strict = subprocess.run(strict_cmd, capture_output=True, text=True)
+    assert strict.returncode == 1 and not os.path.exists(tmp_path / "s")
     assert strict.stderr.strip().splitlines()[-1] == (
         f"swift sft: error: {data} row 8: messages is empty (fix the row, or run with --strict false to drop bad rows)")
 
