@@ -2,6 +2,7 @@
 arguments those tools pass, through a real `swift rlhf --rlhf_type grpo` run: what each function
 received is recorded by the function itself and compared with the run's data and logged completions."""
 import json
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -51,7 +52,8 @@ def recorder(tmp_path, monkeypatch):
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("REWARD_LOG", str(log))
     monkeypatch.syspath_prepend(str(tmp_path))
-    return log
+    yield log
+    sys.modules.pop("peer_rewards", None)  # imported by name (a dotted path): the next test's file is another
 
 
 def completions_of(tmp_path):

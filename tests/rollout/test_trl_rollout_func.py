@@ -99,9 +99,13 @@ def test_the_functions_tokens_are_trained_on_and_its_extra_keys_reach_the_reward
     assert scored[0] == {"completions": [[{"role": "assistant", "content": c}] for c in expected],
                          "env_reward": [0.0, 1.0, 0.0, 1.0], "tag": ["t"] * 4}
     assert log["reward"] == 0.5
-    # tokens the environment added (env_mask 0) carry no loss: another suffix trains to the same weights ...
-    b, _ = run(tmp_path / "b", func_file, " then more words here")
+    # tokens the environment added (env_mask 0) carry no loss: another suffix of as many tokens trains to
+    # the same weights (bit for bit: the same shapes), and a longer one leaves the step's gradient as it
+    # was (to rounding: other shapes sum in another order), so they are not counted in its mean either ...
+    b, _ = run(tmp_path / "b", func_file, " or so on")
     assert all((a[k] - b[k]).abs().max() == 0 for k in a)
+    _, longer = run(tmp_path / "b2", func_file, " then more words here")
+    assert longer["grad_norm"] == pytest.approx(log["grad_norm"], rel=1e-4)
     # ... unless they are marked as the model's (env_mask 1)
     c, _ = run(tmp_path / "c", func_file, " and so on", 1)
     assert max(float((a[k] - c[k]).abs().max()) for k in a) > 1e-4
