@@ -85,33 +85,14 @@ def _ahead_of_the_others():
     the PPO check from the reward model) while the other workers share the same cores: where
     allowed (root, as in CI), this thread and the processes it starts run at a higher priority than
     theirs. Only the schedule changes, not what is computed. (On Linux the priority is the calling
-    thread's; each worker computes on that one thread.) Linux shares the CPU between sessions
-    (autogroups) before it weighs priorities inside one: where this process leads a session of its
-    own (an xdist worker, tests/conftest.py), that session's priority is raised as well."""
+    thread's; each worker computes on that one thread.)"""
     before = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, before - 5)
     except OSError:  # an ordinary user may not raise a priority: the build runs as the others do
         yield
         return
-    group = _session_priority(-5) if os.getsid(0) == os.getpid() else None
     try:
         yield
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, before)
-        if group is not None:
-            _session_priority(group)
-
-
-def _session_priority(nice: int) -> int | None:
-    """Set this process's session (autogroup) priority; returns the one it had, None where the
-    kernel has no autogroups or refuses."""
-    path = "/proc/self/autogroup"
-    try:
-        with open(path) as f:
-            before = int(f.read().split()[-1])  # "/autogroup-123 nice 0"
-        with open(path, "w") as f:
-            f.write(str(nice))
-    except (OSError, ValueError):
-        return None
-    return before

@@ -51,21 +51,6 @@ GROUPS = {
 def pytest_configure(config):
     # `swift <command> --help` keeps its text in SWIFT_CACHE_HOME: here, not the user's ~/.cache
     os.environ["SWIFT_CACHE_HOME"] = str(config.cache.mkdir("swift-home"))
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        own_scheduling_group()
-
-
-def own_scheduling_group() -> None:
-    """Make this xdist worker a session of its own. Linux (with autogroup scheduling, the default)
-    shares the CPU between sessions first: the workers, all in pytest's session, shared one share
-    while every process a test starts in a session of its own (torchrun's ranks, the servers) got
-    a share as large as all of them. Work done inside a worker, such as a build the other workers
-    wait on (tests/built.py), then ran at a fraction of a core: the quickstart's pt stage took 84 s
-    in a run of the suite and 24 s alone (2026-12-07). Only the schedule changes."""
-    try:
-        os.setsid()
-    except OSError:  # already a session leader
-        pass
 
 
 # `swift` as a test's process (`[*SWIFT, "sft", ...]` where a test would run `python -m swift sft

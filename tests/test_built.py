@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from tests.built import ROOT, built, key_of
 
 ASK = """
@@ -64,38 +62,3 @@ def test_the_key_follows_the_code_the_flags_and_the_kernels(monkeypatch):
     assert key_of("--lr 1e-3", files=("examples/iterative_dpo.sh",)) != base
     monkeypatch.setenv("MKL_CBWR", os.environ.get("MKL_CBWR", "") + "-other")
     assert key_of("--lr 1e-3", files=("examples/quickstart.sh",)) != base
-
-
-SESSION = """
-import os, sys
-from pathlib import Path
-from tests.built import built
-
-os.setsid()
-def nice():
-    return int(open("/proc/self/autogroup").read().split()[-1])
-
-def build(out):
-    (out / "during.txt").write_text(str(nice()))
-
-print(nice(), open(built(Path(sys.argv[1]), "start", "k", build) / "during.txt").read(), nice())
-"""
-
-
-def test_a_build_runs_at_a_higher_session_priority_where_allowed(tmp_path):
-    """In a session of its own (an xdist worker), a build raises the session's (autogroup's) priority
-    while it runs and gives it back after; where the kernel or the user cannot, it runs as before."""
-    if not os.path.exists("/proc/self/autogroup"):
-        pytest.skip("this kernel has no autogroup scheduling")
-    proc = subprocess.run([sys.executable, "-c", SESSION, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr
-    before, during, after = map(int, proc.stdout.split())
-    assert before == after == 0
-    assert during == (-5 if os.geteuid() == 0 else 0)
-
-
-def test_an_xdist_worker_leads_a_session_of_its_own():
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        pytest.skip("not run by an xdist worker")
-    assert os.getsid(0) == os.getpid()
