@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.built import built, key_of
+from tests.built import built, key_of, run_ahead
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -222,8 +222,6 @@ def quickstart(request):
 
     Returns (its stdout, its output dir); learning checks of later stages (DPO, RM, GRPO) start
     from `<dir>/sft`. Set SWIFT_TEST_QUICKSTART to an existing output dir to reuse one."""
-    import subprocess
-
     reuse = os.environ.get("SWIFT_TEST_QUICKSTART")
     if reuse and os.path.exists(os.path.join(reuse, "sft", "result.json")):
         return None, reuse
@@ -232,8 +230,7 @@ def quickstart(request):
         env = {**{k: v for k, v in os.environ.items() if k != "SEED"}, "OUT": str(out / "qs"),
                # the script runs `swift`: this interpreter's, whether or not its environment is activated
                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-        proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "quickstart.sh")], cwd=out, env=env,
-                              capture_output=True, text=True)
+        proc = run_ahead(["bash", os.path.join(ROOT, "examples", "quickstart.sh")], cwd=out, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         (out / "stdout.txt").write_text(proc.stdout)
 

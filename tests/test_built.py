@@ -5,7 +5,9 @@ import os
 import subprocess
 import sys
 
-from tests.built import ROOT, built, key_of
+import pytest
+
+from tests.built import ROOT, built, key_of, run_ahead
 
 ASK = """
 import sys, time
@@ -62,3 +64,44 @@ def test_the_key_follows_the_code_the_flags_and_the_kernels(monkeypatch):
     assert key_of("--lr 1e-3", files=("examples/iterative_dpo.sh",)) != base
     monkeypatch.setenv("MKL_CBWR", os.environ.get("MKL_CBWR", "") + "-other")
     assert key_of("--lr 1e-3", files=("examples/quickstart.sh",)) != base
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_run_ahead_runs_a_build_in_a_session_of_its_own_at_a_raised_priority():
+    """The quickstart's build runs in a session of its own, whose (autogroup) priority is raised where
+    the kernel and the user allow it (probed here the same way, on another process)."""
+    if not os.path.exists("/proc/self/autogroup"):
+        pytest.skip("this kernel has no autogroup scheduling")
+    probe = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        with open(f"/proc/{probe.pid}/autogroup", "w") as f:
+            f.write("-5")
+        allowed = True
+    except OSError:
+        allowed = False
+    finally:
+        probe.kill()
+        probe.wait()
+    proc = run_ahead([sys.executable, "-c", "import os; print(os.getsid(0), open('/proc/self/autogroup').read())"])
+    assert proc.returncode == 0, proc.stderr
+    sid, _, nice_word, nice = proc.stdout.split()
+    assert int(sid) not in (os.getsid(0), 0) and nice_word == "nice"
+    assert int(nice) == (-5 if allowed else 0)
+
+
+def test_an_interrupted_build_stops_every_process_of_its_session(tmp_path):
+    """Outside the terminal's session a Ctrl-C would not reach the build's processes: when the caller
+    is interrupted (here: a timeout), run_ahead stops all of them, not only the one it started."""
+    pidfile = tmp_path / "pid"
+    script = f'sh -c "echo \\$\\$ > {pidfile}; exec sleep 300"; sleep 300'
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_ahead(["bash", "-c", script], timeout=3)
+    grandchild = int(pidfile.read_text())
+    assert not _alive(grandchild)
