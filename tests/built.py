@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,50 +102,70 @@ def _ahead_of_the_others():
         os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
-def run_ahead(argv: list[str], timeout: float | None = None, **kwargs) -> subprocess.CompletedProcess:
-    """`subprocess.run(argv, capture_output=True, text=True, **kwargs)` for a build that starts its
-    own processes (the quickstart's script), in a session of its own at a raised session priority.
+def run_ahead(argv: list[str], timeout: float | None = None, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """Run a build that starts its own processes (the quickstart's script) as
+    `subprocess.run(argv, capture_output=True, text=True, ...)` would, but in a session of its own at a
+    raised session priority.
 
     Linux (with autogroup scheduling, its default outside CPU cgroups) shares the CPU between
     sessions before it weighs priorities inside one: the xdist workers share pytest's session,
     while every torchrun and server a test starts in a session of its own gets a share as large as
     all of them, so a build started in the worker's session ran at a fraction of a core however
     high its own priority (the quickstart's pt stage took 84 s in a run of the suite and 24 s
-    alone, 2026-12-07). Where the kernel or the user may not raise it, it runs at the usual one;
-    only the schedule changes. The session is not the terminal's: if the caller is interrupted
-    or `timeout` passes, every process of the session gets SIGINT (as from a Ctrl-C), then SIGKILL."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kwargs)
+    alone, 2026-12-07). The new session raises its own priority first, where the kernel and the
+    user allow it; only the schedule changes. A Ctrl-C at the terminal no longer reaches the build's
+    processes, so when this call is interrupted (SIGINT, SIGTERM, SIGHUP, `timeout`) their process
+    group gets SIGINT, and SIGKILL if still running 3 s later or at a second interrupt."""
+    # the child raises its session's priority before it execs the build (a failed write is ignored)
+    wrapped = ["sh", "-c", '{ echo -5 > /proc/self/autogroup; } 2>/dev/null; exec "$@"', "sh", *argv]
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():  # signals that would end this process quietly
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            handlers[sig] = signal.signal(sig, _raise_exit)
+    proc = None
     try:
-        with open(f"/proc/{proc.pid}/autogroup", "w") as f:
-            f.write("-5")
-    except OSError:  # no autogroups, or not allowed
-        pass
-    try:
+        proc = subprocess.Popen(wrapped, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, cwd=cwd, env=env)
         stdout, stderr = proc.communicate(timeout=timeout)
     except BaseException:
-        _stop_session(proc)
+        if proc is not None:
+            _stop_group(proc)
         raise
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
-def _stop_session(proc: subprocess.Popen, grace: float = 10) -> None:
-    """SIGINT to every process of `proc`'s session, then SIGKILL to those left after `grace` seconds."""
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 3) -> None:
+    """SIGINT to `proc`'s process group; SIGKILL to what is left after `grace` seconds or at an
+    interrupt meanwhile."""
     try:
         os.killpg(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if proc.poll() is None:
+                try:
+                    proc.communicate(timeout=0.2)  # drains its pipes, reaps the leader
+                except subprocess.TimeoutExpired:
+                    pass
+            else:  # the leader has ended; others of its group may not have
+                time.sleep(0.2)
+            os.killpg(proc.pid, 0)  # ProcessLookupError once none of the group is left
+        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the leader: a zombie still counts as one of the session's processes
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    else:
+        pass
+    except BaseException:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    proc.wait()
+        raise
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -102,6 +102,33 @@ def test_an_interrupted_build_stops_every_process_of_its_session(tmp_path):
     pidfile = tmp_path / "pid"
     script = f'sh -c "echo \\$\\$ > {pidfile}; exec sleep 300"; sleep 300'
     with pytest.raises(subprocess.TimeoutExpired):
-        run_ahead(["bash", "-c", script], timeout=3)
+        run_ahead(["bash", "-c", script], timeout=5)
     grandchild = int(pidfile.read_text())
+    assert not _alive(grandchild)
+
+
+TERMINATED = """
+import sys
+from tests.built import run_ahead
+
+run_ahead(["bash", "-c", sys.argv[1]])
+"""
+
+
+def test_a_terminated_caller_stops_its_builds_processes(tmp_path):
+    """SIGTERM (or SIGHUP) to the caller, which before reached the build only when sent to the whole
+    process group, stops the build's processes too, and the caller exits as terminated."""
+    import signal
+    import time
+
+    pidfile = tmp_path / "pid"
+    script = f'sh -c "echo \\$\\$ > {pidfile}; exec sleep 300"; sleep 300'
+    caller = subprocess.Popen([sys.executable, "-c", TERMINATED, script], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.time() + 60
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.1)
+    grandchild = int(pidfile.read_text())
+    caller.send_signal(signal.SIGTERM)
+    assert caller.wait(timeout=30) == 128 + signal.SIGTERM
     assert not _alive(grandchild)
