@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -142,30 +141,16 @@ def _raise_exit(signum, frame):
 
 
 def _stop_group(proc: subprocess.Popen, grace: float = 3) -> None:
-    """SIGINT to `proc`'s process group; SIGKILL to what is left after `grace` seconds or at an
-    interrupt meanwhile."""
+    """SIGINT to `proc`'s process group; SIGKILL to what is left of it once its leader has ended, after
+    `grace` seconds, or at an interrupt meanwhile."""
     try:
         os.killpg(proc.pid, signal.SIGINT)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if proc.poll() is None:
-                try:
-                    proc.communicate(timeout=0.2)  # drains its pipes, reaps the leader
-                except subprocess.TimeoutExpired:
-                    pass
-            else:  # the leader has ended; others of its group may not have
-                time.sleep(0.2)
-            os.killpg(proc.pid, 0)  # ProcessLookupError once none of the group is left
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        proc.communicate(timeout=grace)  # drains its pipes and reaps the leader
+    except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
-    except BaseException:
+    finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        raise
-    finally:
-        if proc.poll() is None:
-            proc.kill()
         proc.wait()
