@@ -62,13 +62,16 @@ SWIFT = [sys.executable, "-S", FORKSERVER, "--"]
 
 
 def start_forkserver(directory: str, env: dict | None = None):
-    """A fork server (tests/forkserver.py) for this worker, ready in the background (until then its
-    clients start `python -m swift`); returns the process and its socket path."""
+    """A fork server (tests/forkserver.py) for this worker, ready in the background (its clients wait
+    for it while it imports: on a CPU-bound run a fresh interpreter would pay the same imports again);
+    returns the process and its socket path."""
     import subprocess
 
     path = os.path.join(directory, "swift.sock")
     proc = subprocess.Popen([sys.executable, FORKSERVER, path], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, cwd=directory)
+    with open(path + ".pid", "w") as f:  # whom a client waits for (tests/forkserver.py `client`)
+        f.write(str(proc.pid))
     return proc, path
 
 

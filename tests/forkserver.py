@@ -9,7 +9,9 @@ so it starts in well under a second instead of paying ~11 s of imports (torch, t
 The client is what a test runs as its process (`tests.conftest.SWIFT`): it hands its own stdin,
 stdout and stderr, its working directory and environment to the server, and ends with the exit
 status of the forked `swift`. Killing the client kills that process (SIGTERM and SIGINT are passed
-on; on SIGKILL the server sees the connection close). Where the server cannot stand in for a fresh
+on; on SIGKILL the server sees the connection close). A client whose server is still importing
+waits for it (up to 10 minutes): on a CPU-bound run a fresh interpreter would make the same imports
+again on the same cores and start no sooner. Where the server cannot stand in for a fresh
 interpreter — no server (`SWIFT_TEST_FORKSERVER` unset), or a variable that the libraries read when
 they are imported differs from the server's (`IMPORT_TIME_PREFIXES`) — the client execs
 `python -m swift` itself.
@@ -250,9 +252,25 @@ def serve(path: str) -> None:
 
 
 # -- client --------------------------------------------------------------------------------------------
+def _starting(path: str) -> bool:
+    """Whether the server of `path` is still importing (its process alive, not yet ready)."""
+    try:
+        with open(path + ".pid") as f:
+            pid = int(f.read())
+        with open(f"/proc/{pid}/stat") as f:  # a server that ended is gone or a zombie
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z" and not os.path.exists(path + ".env")
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def client(argv: list[str]) -> None:
+    import time
+
     path = os.environ.get("SWIFT_TEST_FORKSERVER")
     server_env = None
+    deadline = time.monotonic() + 600
+    while path and _starting(path) and time.monotonic() < deadline:  # its imports are under way: a
+        time.sleep(0.1)  # fresh interpreter would do them again, on the same cores, no sooner
     if path and os.path.exists(path + ".env"):
         with open(path + ".env") as f:
             server_env = json.load(f)

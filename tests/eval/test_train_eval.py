@@ -4,7 +4,6 @@ every eval step and at the end into logging.jsonl, TensorBoard and a PNG curve; 
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -66,7 +65,7 @@ def test_two_ranks_share_the_questions(tmp_path, quickstart):
     out = tmp_path / "sft"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port())}
     bench = [*BENCH[:4], "--eval_limit", "41", *BENCH[6:]]
-    proc = subprocess.run([sys.executable, "-m", "swift", "sft", "--model", os.path.join(qs, "sft"), "--tuner_type",
+    proc = subprocess.run([*SWIFT, "sft", "--model", os.path.join(qs, "sft"), "--tuner_type",
                            "full", "--dataset", "builtin:arith-sft#64", COMMON[0], "2", *COMMON[2:], *bench,
                            "--report_to", "none", "--output_dir", str(out)],
                           env=env, capture_output=True, text=True, timeout=900)

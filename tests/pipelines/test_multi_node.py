@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import TEXT_LENGTH, train_argv
+from tests.conftest import SWIFT, TEXT_LENGTH, train_argv
 from tests.deploy.serving import free_port
 
 CASES = {
@@ -25,8 +25,9 @@ CASES = {
 
 
 def launch(out, node: int | None, port: int, command: str, *extra: str, steps: int = 2,
-           timeout: str = "60") -> subprocess.Popen:
-    """`swift <command>` as node `node` of 2 (one rank), or as one node of 2 ranks (node None)."""
+           timeout: str = "60", fresh: bool = True) -> subprocess.Popen:
+    """`swift <command>` as node `node` of 2 (one rank), or as one node of 2 ranks (node None); not
+    `fresh`: forked from the worker's fork server (whose processes `kill_node` cannot find)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "RDZV_TIMEOUT": timeout}
     env.update(NPROC_PER_NODE="2") if node is None else env.update(NNODES="2", NODE_RANK=str(node),
@@ -35,8 +36,8 @@ def launch(out, node: int | None, port: int, command: str, *extra: str, steps: i
                       "--max_steps", str(steps), *extra)
     log = f"{out}.node{node}.stderr"  # a file, not a pipe: a node never stalls on output nobody reads
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "swift", command, *argv], env=env, stdout=subprocess.DEVNULL,
-                                stderr=err)
+        swift = [sys.executable, "-m", "swift"] if fresh else SWIFT
+        proc = subprocess.Popen([*swift, command, *argv], env=env, stdout=subprocess.DEVNULL, stderr=err)
     proc.log = log
     return proc
 
@@ -80,10 +81,10 @@ def results(out) -> tuple[list[dict], dict]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_nodes_equal_one_node_with_two_ranks(tmp_path, case):
     command, *extra = CASES[case]
-    code, err = finish(launch(tmp_path / "one", None, free_port(), command, *extra))
+    code, err = finish(launch(tmp_path / "one", None, free_port(), command, *extra, fresh=False))
     assert code == 0, err[-6000:]
     port = free_port()
-    nodes = [launch(tmp_path / f"node{n}", n, port, command, *extra) for n in (0, 1)]
+    nodes = [launch(tmp_path / f"node{n}", n, port, command, *extra, fresh=False) for n in (0, 1)]
     try:
         for proc in nodes:
             code, err = finish(proc)
