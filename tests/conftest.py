@@ -1,6 +1,7 @@
 """Shared fixtures: the built-in tiny model and tokenizer, built offline from the repo's assets."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -94,6 +95,29 @@ def forkserver_env(env: dict) -> tuple[dict, object]:
     while not os.path.exists(path + ".env") and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
     return {**env, "SWIFT_TEST_FORKSERVER": path, "PATH": bin_dir + os.pathsep + env.get("PATH", "")}, proc
+
+
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """Each test ends with the worker's environment as it began. A library imported in a test may set
+    variables there (gptqmodel's tokenicer sets HF_HOME and three more, deepspeed
+    PYTORCH_NVML_BASED_CUDA_CHECK): left in place they reach every later test's processes, and every
+    later `swift` of this worker differed from its fork server in a variable read at import, so ran as a
+    fresh interpreter (2026-12-07: 70 processes, ~700 s of CPU)."""
+    with environment_kept():
+        yield
+
+
+@contextlib.contextmanager
+def environment_kept():
+    """os.environ as it was before the block, whatever the block set or removed."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        if os.environ != saved:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,6 +1,7 @@
 """The suite's fork server (tests/forkserver.py): a client whose server is still importing waits for
 it and is forked, instead of paying the same imports again in a fresh interpreter; a client whose
-server ended before it was ready runs fresh at once."""
+server ended before it was ready runs fresh at once; what a test sets in the worker's environment
+does not outlive it (tests/conftest.py `environment_restored`)."""
 import os
 import resource
 import shutil
@@ -47,3 +48,13 @@ def test_a_client_whose_server_ended_unready_runs_fresh(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "--no_such_flag" in run.stderr.strip().splitlines()[-1], run.stderr[-2000:]
     assert children_cpu() - before >= 1.0  # the imports were made in the client's own (fresh) process
+
+
+def test_what_a_test_sets_in_the_environment_is_gone_after_it():
+    from tests.conftest import environment_kept
+
+    before = dict(os.environ)
+    with environment_kept():
+        os.environ["HF_HOME"] = "/tmp/elsewhere"  # as gptqmodel's import sets it where it is unset
+        os.environ.pop("SWIFT_TEST_FORKSERVER", None)
+    assert dict(os.environ) == before
