@@ -71,8 +71,10 @@ def start_forkserver(directory: str, env: dict | None = None):
     path = os.path.join(directory, "swift.sock")
     proc = subprocess.Popen([sys.executable, FORKSERVER, path], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, cwd=directory)
+    from tests.forkserver import process_stat
+
     with open(path + ".pid", "w") as f:  # whom a client waits for (tests/forkserver.py `client`)
-        f.write(str(proc.pid))
+        f.write(f"{proc.pid} {process_stat(proc.pid)[1]}")
     return proc, path
 
 
@@ -110,14 +112,17 @@ def environment_restored():
 
 @contextlib.contextmanager
 def environment_kept():
-    """os.environ as it was before the block, whatever the block set or removed."""
+    """os.environ as it was before the block, whatever the block set or removed; only what differs is
+    set again (not PYTEST_CURRENT_TEST, which pytest itself moves on)."""
     saved = dict(os.environ)
     try:
         yield
     finally:
-        if os.environ != saved:
-            os.environ.clear()
-            os.environ.update(saved)
+        for name in [k for k in os.environ if k not in saved and k != "PYTEST_CURRENT_TEST"]:
+            del os.environ[name]
+        for name, value in saved.items():
+            if name != "PYTEST_CURRENT_TEST" and os.environ.get(name) != value:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,7 +10,7 @@ The client is what a test runs as its process (`tests.conftest.SWIFT`): it hands
 stdout and stderr, its working directory and environment to the server, and ends with the exit
 status of the forked `swift`. Killing the client kills that process (SIGTERM and SIGINT are passed
 on; on SIGKILL the server sees the connection close). A client whose server is still importing
-waits for it (up to 10 minutes): on a CPU-bound run a fresh interpreter would make the same imports
+waits for it (up to 5 minutes): on a CPU-bound run a fresh interpreter would make the same imports
 again on the same cores and start no sooner. Where the server cannot stand in for a fresh
 interpreter — no server (`SWIFT_TEST_FORKSERVER` unset), or a variable that the libraries read when
 they are imported differs from the server's (`IMPORT_TIME_PREFIXES`) — the client execs
@@ -252,13 +252,22 @@ def serve(path: str) -> None:
 
 
 # -- client --------------------------------------------------------------------------------------------
+def process_stat(pid: int) -> tuple[str, str]:
+    """(state, start time) of a process from /proc/PID/stat: "Z" for one that ended and was not waited
+    for; the start time tells it from a later process given the same pid."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return fields[0], fields[19]
+
+
 def _starting(path: str) -> bool:
-    """Whether the server of `path` is still importing (its process alive, not yet ready)."""
+    """Whether the server of `path` is still importing: the process that `path.pid` names (pid and
+    start time) is alive and has not written `path.env` yet."""
     try:
         with open(path + ".pid") as f:
-            pid = int(f.read())
-        with open(f"/proc/{pid}/stat") as f:  # a server that ended is gone or a zombie
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z" and not os.path.exists(path + ".env")
+            pid, started = f.read().split()
+        state, start = process_stat(int(pid))
+        return state != "Z" and start == started and not os.path.exists(path + ".env")
     except (OSError, ValueError, IndexError):
         return False
 
@@ -268,7 +277,7 @@ def client(argv: list[str]) -> None:
 
     path = os.environ.get("SWIFT_TEST_FORKSERVER")
     server_env = None
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 300
     while path and _starting(path) and time.monotonic() < deadline:  # its imports are under way: a
         time.sleep(0.1)  # fresh interpreter would do them again, on the same cores, no sooner
     if path and os.path.exists(path + ".env"):

@@ -27,14 +27,14 @@ CASES = {
 def launch(out, node: int | None, port: int, command: str, *extra: str, steps: int = 2,
            timeout: str = "60", fresh: bool = True) -> subprocess.Popen:
     """`swift <command>` as node `node` of 2 (one rank), or as one node of 2 ranks (node None); not
-    `fresh`: forked from the worker's fork server (whose processes `kill_node` cannot find)."""
+    `fresh`: forked from the worker's fork server."""
+    log = f"{out}.node{node}.stderr"  # a file, not a pipe: a node never stalls on output nobody reads
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "RDZV_TIMEOUT": timeout}
+           "RDZV_TIMEOUT": timeout, "SWIFT_TEST_NODE": log}  # the mark kill_node finds its processes by
     env.update(NPROC_PER_NODE="2") if node is None else env.update(NNODES="2", NODE_RANK=str(node),
                                                                     NPROC_PER_NODE="1")
     argv = train_argv(out, "--optim", "sgd", "--learning_rate", "0.1", "--lr_scheduler_type", "constant",
                       "--max_steps", str(steps), *extra)
-    log = f"{out}.node{node}.stderr"  # a file, not a pipe: a node never stalls on output nobody reads
     with open(log, "w") as err:
         swift = [sys.executable, "-m", "swift"] if fresh else SWIFT
         proc = subprocess.Popen([*swift, command, *argv], env=env, stdout=subprocess.DEVNULL, stderr=err)
@@ -43,15 +43,22 @@ def launch(out, node: int | None, port: int, command: str, *extra: str, steps: i
 
 
 def kill_node(proc: subprocess.Popen) -> None:
-    """SIGKILL a node: its launcher, torchrun and the ranks torchrun started in sessions of their own."""
-    parents = {}
+    """SIGKILL a node: its launcher, torchrun and the ranks torchrun started in sessions of their own —
+    the launcher's process tree, and every process started with the node's mark in its environment (a
+    forked launcher is the fork server's child, not the client's, and its torchrun runs in a session of
+    its own; the ranks it forks through the server die with their clients)."""
+    parents, marked = {}, set()
+    mark = f"SWIFT_TEST_NODE={proc.log}".encode()
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/stat") as f:
                 parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    marked.add(int(entry))
         except (OSError, ValueError, IndexError):
             continue
-    tree, grew = {proc.pid}, True
+    tree, grew = {proc.pid} | marked, True
     while grew:
         found = {pid for pid, parent in parents.items() if parent in tree} - tree
         tree, grew = tree | found, bool(found)
@@ -118,7 +125,8 @@ def test_a_node_that_never_joins_ends_the_other_with_one_line(tmp_path):
 
 def test_a_node_that_dies_mid_run_ends_the_other_with_one_line(tmp_path):
     port = free_port()
-    nodes = [launch(tmp_path / f"node{n}", n, port, "sft", "--tuner_type", "full", steps=100000) for n in (0, 1)]
+    nodes = [launch(tmp_path / f"node{n}", n, port, "sft", "--tuner_type", "full", steps=100000, fresh=False)
+             for n in (0, 1)]  # forked: kill_node must find a forked node's torchrun and ranks
     log = tmp_path / "node0" / "logging.jsonl"
     deadline = time.time() + 300
     try:
