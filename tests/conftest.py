@@ -123,6 +123,25 @@ def environment_kept():
         for name, value in saved.items():
             if name != "PYTEST_CURRENT_TEST" and os.environ.get(name) != value:
                 os.environ[name] = value
+        # a native library may set the process's C environment itself (KMP_BLOCKTIME=200 appeared
+        # there in the export tests), which os.environ does not see but a started process inherits
+        for name, value in c_environment().items():
+            if name not in os.environb:
+                os.unsetenv(name)
+            elif os.environb[name] != value:
+                os.putenv(name, os.environb[name])
+
+
+def c_environment() -> dict[bytes, bytes]:
+    """The process's C `environ`, as a process started without `env=` inherits it."""
+    import ctypes
+
+    entries, out, i = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ"), {}, 0
+    while entries[i] is not None:
+        name, _, value = entries[i].partition(b"=")
+        out[name] = value
+        i += 1
+    return out
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -73,11 +73,16 @@ def test_a_client_whose_server_ended_unready_runs_fresh(tmp_path, how):
 
 
 def test_what_a_test_sets_in_the_environment_is_gone_after_it(request):
-    from tests.conftest import environment_kept
+    import ctypes
+
+    from tests.conftest import c_environment, environment_kept
 
     assert "environment_restored" in request.fixturenames  # every test's (autouse)
     before = dict(os.environ)
     with environment_kept():
         os.environ["HF_HOME"] = "/tmp/elsewhere"  # as gptqmodel's import sets it where it is unset
         os.environ.pop("SWIFT_TEST_FORKSERVER", None)
+        ctypes.CDLL(None).setenv(b"KMP_BLOCKTIME", b"200", 1)  # a native library's own setenv
+        assert c_environment()[b"KMP_BLOCKTIME"] == b"200"
     assert dict(os.environ) == before
+    assert {k: v for k, v in c_environment().items()} == dict(os.environb)
