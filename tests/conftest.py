@@ -297,15 +297,9 @@ def trained_model(request) -> str:
     from tests.built import _intact
 
     if not os.environ.get("SWIFT_TEST_QUICKSTART"):
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"
-        try:
+        with environment_kept():
+            os.environ["OMP_NUM_THREADS"] = "1"
             key = quickstart_key()
-        finally:
-            if saved is None:
-                del os.environ["OMP_NUM_THREADS"]
-            else:
-                os.environ["OMP_NUM_THREADS"] = saved
         directory = build_cache(request.config) / f"quickstart-{key}"
         if _intact(directory):
             return str(directory / "qs" / "sft")
