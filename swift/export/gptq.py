@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from swift.model.hub import hub_cache_variables_kept
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -30,11 +31,12 @@ def check_installed() -> None:
     # 2-core machine that default (1) fails at load; its own default elsewhere. Read at import.
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(min(12, max(2, ((os.cpu_count() or 1) + 1) // 2))))
     missing = []
-    for name in ("gptqmodel", "optimum"):
-        try:
-            importlib.import_module(name)
-        except ImportError as e:  # the package, or a module it imports
-            missing.append(name if e.name in (None, name) else f"{e.name} (imported by {name})")
+    with hub_cache_variables_kept():
+        for name in ("gptqmodel", "optimum"):
+            try:
+                importlib.import_module(name)
+            except ImportError as e:  # the package, or a module it imports
+                missing.append(name if e.name in (None, name) else f"{e.name} (imported by {name})")
     if missing:
         raise SwiftError(f"--quant_method gptq needs {' and '.join(missing)}: {INSTALL} (the file says why not "
                          "an extra)")

@@ -35,7 +35,7 @@ def load_for_serving(args, task_type: str = "causal_lm"):
         model.to("cuda")
     for i, (name, path) in enumerate(adapters.items()):
         if i == 0:
-            from peft import PeftModel  # imported only when there are adapters: it takes seconds
+            from swift.tuners import PeftModel  # imported only when there are adapters: it takes seconds
 
             model = PeftModel.from_pretrained(model, path, adapter_name=name)
         else:

@@ -143,7 +143,7 @@ def merged_model(base: str, adapters: list[str], *, torch_dtype: str = "auto", u
     task_type, num_labels = head_of(adapters[0]) if adapters else ("causal_lm", None)
     model, tokenizer, _ = load_model(base, use_hf=use_hf, torch_dtype=dtype, task_type=task_type,
                                      num_labels=num_labels)
-    from peft import PeftModel  # imported here: `swift deploy/infer` without adapters start without peft
+    from swift.tuners import PeftModel  # imported here: `swift deploy/infer` without adapters start without peft
 
     for adapter in adapters:
         tied = model.get_input_embeddings().weight if getattr(model.config, "tie_word_embeddings", False) else None

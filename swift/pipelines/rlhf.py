@@ -306,7 +306,7 @@ class RLHFPipeline(TrainPipeline):
         return extra
 
     def _reference_with_adapters(self):
-        from peft import PeftModel
+        from swift.tuners import PeftModel
 
         from swift.model.loader import whole_weights
 
@@ -353,7 +353,7 @@ class RLHFPipeline(TrainPipeline):
         """The critic `--critic_backbone` names: `separate`, a one-label token-classification head on
         --critic_model (default: the policy's starting weights, its --adapters merged in), tuned as
         --tuner_type; or `shared`, a value head on the policy's last hidden state."""
-        from peft import PeftModel
+        from swift.tuners import PeftModel
 
         from swift.trainers.critic import SeparateCritic, SharedCritic
         from swift.tuners import prepare_model

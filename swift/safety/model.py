@@ -43,7 +43,7 @@ def load_studied_model(a):
     if torch.cuda.is_available() and a.quant_bits is None:
         model.to("cuda")
     for name, path in adapters.items():
-        from peft import PeftModel
+        from swift.tuners import PeftModel
 
         model = PeftModel.from_pretrained(model, path, adapter_name=name)
     model.eval()

@@ -5,8 +5,10 @@ import warnings
 
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model, prepare_model_for_kbit_training
+from peft.utils.other import is_gptqmodel_quant_linear
 from transformers import PreTrainedModel
 
+from swift.utils.imports import skip_unimported_libraries
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -15,6 +17,8 @@ HEADS = ["score", "classifier"]  # the value heads of transformers' classificati
 PEFT_TASK_TYPES = {"causal_lm": TaskType.CAUSAL_LM, "seq_cls": TaskType.SEQ_CLS, "token_cls": TaskType.TOKEN_CLS}
 # PEFT looks for the base model's config at its name; the built-in model has no directory to look in.
 warnings.filterwarnings("ignore", message="Could not find a config file in builtin:")
+
+skip_unimported_libraries()  # PEFT checks for gptqmodel by importing it; accelerate for deepspeed
 
 
 def prepare_model(model: PreTrainedModel, args, *, task_type: str = "causal_lm") -> PreTrainedModel:
@@ -69,7 +73,10 @@ def target_modules(model: PreTrainedModel, names: list[str], task_type: str) -> 
     head and a value head) and `all-embedding` (the embedding layers) expanded to module names wherever
     they appear among other names, as ms-swift does (alone, all-linear is PEFT's own expansion)."""
     names = [names] if isinstance(names, str) else list(names)
-    if names == ["all-linear"]:
+    # PEFT's all-linear finds no linear layer in a GPTQ checkpoint: its layers are gptqmodel's, which PEFT
+    # adapts when named (QLoRA on GPTQ, as in ms-swift)
+    quantized = any(is_gptqmodel_quant_linear(m) for m in model.modules())
+    if names == ["all-linear"] and not quantized:
         return "all-linear"
     from transformers.pytorch_utils import Conv1D
 
@@ -77,7 +84,9 @@ def target_modules(model: PreTrainedModel, names: list[str], task_type: str) -> 
     linear, embedding = [], []
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if isinstance(module, (torch.nn.Linear, Conv1D)) and module is not head and leaf not in HEADS:
+        is_linear = isinstance(module, (torch.nn.Linear, Conv1D)) or (
+            quantized and is_gptqmodel_quant_linear(module))
+        if is_linear and module is not head and leaf not in HEADS:
             linear.append(leaf)
         elif isinstance(module, torch.nn.Embedding):
             embedding.append(leaf)

@@ -1,5 +1,6 @@
 """`swift.tuners.prepare_model`: what --target_modules, --adapters and the freezing flags train (each
 fixed 2026-11-30; the docstrings say what happened before)."""
+import importlib.util
 import json
 import os
 
@@ -91,3 +92,30 @@ def test_freezing_that_leaves_nothing_or_names_nothing_is_refused(kwargs, messag
     args = SftArguments(**BASE, tuner_type="full", **kwargs).tuner_args
     with pytest.raises(SwiftError, match=message):
         prepare_model(load_model("builtin:tiny-chat")[0], args)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gptqmodel") is None or importlib.util.find_spec("deepspeed") is None,
+                    reason="gptqmodel or deepspeed is not installed")
+def test_lora_training_imports_neither_gptqmodel_nor_deepspeed(tmp_path):
+    """A LoRA `swift sft` and loading its adapter, in a fresh process with both installed (before: PEFT
+    imported gptqmodel for every LoRA: ~2 s, its banner, and HF_HOME, HF_HUB_CACHE, TRANSFORMERS_CACHE and
+    HF_MODULES_CACHE set to /tmp for every process started later; accelerate imported deepspeed when the
+    trainer unwrapped its model: ~2 s and a warning. A GPTQ checkpoint still gets PEFT's GPTQ layers:
+    tests/export/test_export.py; --deepspeed still runs: tests/pipelines/test_sharding.py)"""
+    import subprocess
+    import sys
+
+    caches = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE")
+    script = ("import os, sys\n"
+              "from swift import sft_main\n"
+              "from swift.model import load_model\n"
+              "from swift.tuners import PeftModel\n"
+              "sft_main(sys.argv[1:])\n"
+              "PeftModel.from_pretrained(load_model('builtin:tiny-chat')[0], %r)\n"
+              "print(sorted(m for m in ('gptqmodel', 'deepspeed') if m in sys.modules), "
+              "[k for k in %r if k in os.environ])\n" % (str(tmp_path), caches))
+    proc = subprocess.run([sys.executable, "-c", script, *train_argv(tmp_path, "--max_steps", "1", "--tuner_type", "lora")],
+                          capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k not in caches})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[] []", proc.stdout
+    assert "GPT-QModel" not in proc.stderr and "Setting accelerator to CPU" not in proc.stderr
