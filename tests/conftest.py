@@ -54,6 +54,15 @@ def pytest_configure(config):
     os.environ["SWIFT_CACHE_HOME"] = str(config.cache.mkdir("swift-home"))
 
 
+def pytest_collection_finish(session):
+    """The test modules and what they import (the training stack) stay for the whole run: frozen out of
+    the cyclic collector's full passes, which in-process training makes (as `swift` does after its
+    imports: swift/cli/main.py)."""
+    import gc
+
+    gc.freeze()
+
+
 # `swift` as a test's process (`[*SWIFT, "sft", ...]` where a test would run `python -m swift sft
 # ...`): forked from this worker's fork server, which has imported the pipelines once
 # (tests/forkserver.py), or `python -m swift` itself where the server cannot stand in for a fresh

@@ -209,10 +209,13 @@ def serve(path: str) -> None:
     for module in ("swift.pipelines.infer", "swift.pipelines.rlhf", "swift.pipelines.train",
                    "swift.pipelines.sample", "swift.pipelines.eval", "swift.pipelines.merge_lora"):
         importlib.import_module(module)
+    import gc
+
     import torch
 
     if torch.cuda.is_available():  # CUDA cannot start again in a forked child: every client runs fresh
         return
+    gc.freeze()  # the imports' objects: no collector pass in a child touches (and copies) their pages
     SET_BY_IMPORTS.update({k: v for k, v in os.environ.items() if started_with.get(k) != v})
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the per-request watchers are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
