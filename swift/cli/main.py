@@ -196,8 +196,10 @@ def run(command: str, argv: list[str]) -> None:
     try:
         entry = _import(ROUTE_MAPPING[command][0])
         # the imports' objects (~600k for the training stack) live as long as the process: out of the
-        # cyclic collector's way, each full pass (accelerate's at the end of training, ...) takes ms, not 0.5 s
-        gc.freeze()
+        # cyclic collector's way, a full pass (accelerate's at the end of training, ...) takes ms, not 0.3 s.
+        # Once per process: a later call (main() run again from Python) would also freeze its runs' leftovers
+        if not gc.get_freeze_count():
+            gc.freeze()
         entry(argv)
         if _leave_process_group():
             _exit_without_teardown()

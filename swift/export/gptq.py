@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from swift.model.hub import hub_cache_variables_kept
+from swift.utils.imports import gptqmodel_environment_kept
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -31,7 +31,7 @@ def check_installed() -> None:
     # 2-core machine that default (1) fails at load; its own default elsewhere. Read at import.
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(min(12, max(2, ((os.cpu_count() or 1) + 1) // 2))))
     missing = []
-    with hub_cache_variables_kept():
+    with gptqmodel_environment_kept():
         for name in ("gptqmodel", "optimum"):
             try:
                 importlib.import_module(name)

@@ -1,7 +1,6 @@
 """Download a model or dataset snapshot from ModelScope (default) or the Hugging Face hub."""
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import os
 
@@ -15,26 +14,6 @@ from swift.utils.registry import SwiftError
 WEIGHT_PATTERNS = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                    "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json", "adapter_model.safetensors",
                    "adapter_model.bin"]
-
-
-@contextlib.contextmanager
-def hub_cache_variables_kept():
-    """gptqmodel's import (through its tokenicer) sets HF_HOME, HF_HUB_CACHE, TRANSFORMERS_CACHE and
-    HF_MODULES_CACHE to /tmp where they are unset; around code that may import it (loading or making a
-    GPTQ checkpoint), they are put back as they were, so that processes started later use the user's
-    cache. The hub's own paths are read at its import, done here first."""
-    import huggingface_hub.constants  # noqa: F401
-
-    names = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE")
-    before = {name: os.environ.get(name) for name in names}
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _is_weight(path: str) -> bool:

@@ -10,7 +10,8 @@ import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
                           AutoModelForTokenClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase)
 
-from swift.model.hub import hub_cache_variables_kept, snapshot_download
+from swift.model.hub import snapshot_download
+from swift.utils.imports import gptqmodel_environment_kept
 from swift.utils.logging import get_logger
 from swift.utils.registry import SwiftError
 
@@ -211,7 +212,7 @@ def load_model(
         hf_model.config._name_or_path = model
         hf_model.name_or_path = model
     else:
-        with hub_cache_variables_kept():  # a GPTQ checkpoint's load imports gptqmodel
+        with gptqmodel_environment_kept():  # a GPTQ checkpoint's load imports gptqmodel
             hf_model = auto_cls.from_pretrained(model_dir, config=config, dtype=dtype, **kwargs)
     rows = getattr(hf_model.get_input_embeddings(), "num_embeddings", None)  # whole even under ZeRO-3
     if rows is not None and tokenizer.vocab_size > rows:

@@ -73,23 +73,25 @@ def target_modules(model: PreTrainedModel, names: list[str], task_type: str) -> 
     head and a value head) and `all-embedding` (the embedding layers) expanded to module names wherever
     they appear among other names, as ms-swift does (alone, all-linear is PEFT's own expansion)."""
     names = [names] if isinstance(names, str) else list(names)
-    # PEFT's all-linear finds no linear layer in a GPTQ checkpoint: its layers are gptqmodel's, which PEFT
-    # adapts when named (QLoRA on GPTQ, as in ms-swift)
+    # PEFT's all-linear finds no layer of a GPTQ checkpoint (gptqmodel's quantized layers are not
+    # torch's Linear), though PEFT adapts them when named (QLoRA on GPTQ, as in ms-swift)
     quantized = any(is_gptqmodel_quant_linear(m) for m in model.modules())
     if names == ["all-linear"] and not quantized:
         return "all-linear"
     from transformers.pytorch_utils import Conv1D
 
     head = model.get_output_embeddings()
-    linear, embedding = [], []
+    linear, embedding, full_names = [], [], []
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        is_linear = isinstance(module, (torch.nn.Linear, Conv1D)) or (
-            quantized and is_gptqmodel_quant_linear(module))
+        is_linear = isinstance(module, (torch.nn.Linear, Conv1D)) or is_gptqmodel_quant_linear(module)
         if is_linear and module is not head and leaf not in HEADS:
             linear.append(leaf)
+            full_names.append(name)
         elif isinstance(module, torch.nn.Embedding):
             embedding.append(leaf)
+    if names == ["all-linear"]:  # full names, as PEFT's own expansion (a short one such as "0" names others too)
+        return full_names
     expanded = {"all-linear": linear, "all-embedding": embedding}
     return list(dict.fromkeys(m for name in names for m in expanded.get(name, [name])))
 

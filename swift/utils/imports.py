@@ -7,7 +7,14 @@ a GPTQ checkpoint imports gptqmodel; `--deepspeed` imports deepspeed), so until 
 False without importing it."""
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+
+# what gptqmodel's import sets where unset and this process's children must not inherit: its tokenicer
+# the hub's caches (to /tmp), itself the GPUs' numbering (PCI_BUS_ID). Its CUDA allocator setting
+# (PYTORCH_ALLOC_CONF, for its own memory use when it quantizes) stays.
+GPTQMODEL_SETS = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE", "CUDA_DEVICE_ORDER")
 
 
 def _until_imported(module, check_name: str, package: str) -> None:
@@ -33,3 +40,23 @@ def skip_unimported_libraries() -> None:
     for module in (peft.tuners.lora.awq, peft.tuners.lora.gptq, peft.utils.other, peft.utils.quantization_utils):
         _until_imported(module, "is_gptqmodel_available", "gptqmodel")
     _until_imported(accelerate.utils.other, "is_deepspeed_available", "deepspeed")
+
+
+@contextlib.contextmanager
+def gptqmodel_environment_kept():
+    """Around code that may import gptqmodel (loading or making a GPTQ checkpoint): the variables its
+    import sets (`GPTQMODEL_SETS`) are put back as they were, so that this process's later children see
+    the user's. The libraries that read the hub's caches at their import are imported first."""
+    import huggingface_hub.constants  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import datasets.config  # noqa: F401
+    before = {name: os.environ.get(name) for name in GPTQMODEL_SETS}
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

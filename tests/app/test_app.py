@@ -108,8 +108,11 @@ def test_an_unreachable_base_url_is_one_line_on_the_page(browser, tmp_path):
 
 
 class _SlowServer(BaseHTTPRequestHandler):
-    """An OpenAI-compatible stand-in whose streamed answer takes two seconds and says how many
-    messages it was sent."""
+    """An OpenAI-compatible stand-in whose streamed answer says how many messages it was sent; its
+    last piece waits until the test sets `release` (so the answer is still streaming whatever the
+    machine's load: a fixed two seconds was once too short on a loaded CI machine)."""
+
+    release = threading.Event()
 
     def do_GET(self):
         self._send(200, "application/json", json.dumps({"data": [{"id": "slow"}]}).encode())
@@ -120,10 +123,12 @@ class _SlowServer(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         for piece in ("seen ", str(len(body["messages"])), " messages", "."):
+            if piece == ".":
+                self.release.wait(timeout=120)
             chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
-            time.sleep(0.5)
+            time.sleep(0.2)
         self.wfile.write(b"data: [DONE]\n\n")
 
     def _send(self, code, kind, data):
@@ -138,6 +143,7 @@ class _SlowServer(BaseHTTPRequestHandler):
 
 
 def test_a_question_typed_while_the_answer_streams_is_kept_and_sent_after_it(browser, tmp_path):
+    _SlowServer.release.clear()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url, proc = start_page("app", "--base_url", f"http://127.0.0.1:{server.server_port}/v1",
@@ -149,13 +155,14 @@ def test_a_question_typed_while_the_answer_streams_is_kept_and_sent_after_it(bro
         wait_for(lambda: bot_messages(browser) and bot_messages(browser)[0].startswith("seen"), timeout=30,
                  what="the first answer's start")
         type_into(browser, "message", "second", enter=True)  # the first answer is still streaming
-        assert bot_messages(browser)[0] != "seen 1 messages.", "the stand-in answered too fast for this test"
+        _SlowServer.release.set()  # (until now the first answer's last piece waited)
         # the next answer saw the whole first exchange: user, assistant, user
         wait_for(lambda: bot_messages(browser) == ["seen 1 messages.", "seen 3 messages."], timeout=30,
                  what="both answers")
         assert element(browser, "message", "textarea").get_attribute("value") == ""
         assert gradio_errors(browser) == []
     finally:
+        _SlowServer.release.set()
         browser.get("about:blank")  # leave the page before it stops: its closed stream is no later test's error
         stop_page(proc)
         server.shutdown()

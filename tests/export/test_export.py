@@ -360,24 +360,25 @@ def test_exist_ok_replaces_an_earlier_exports_weights_and_inputs_are_never_outpu
                      "--output_dir", str(tmp_path / "again")])
 
 
-HUB_CACHES = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE")
-# Loading a GPTQ checkpoint leaves the hub's cache variables as they were (before: gptqmodel's import set
-# them to /tmp for every process started afterwards), and QLoRA on it: all-linear finds gptqmodel's layers
-# and PEFT adapts them, every lora_B getting a gradient (before: PEFT found no linear layer and `swift sft
-# --tuner_type lora` ended in its traceback). Prints the variables set, up_proj's type and the count.
+# Loading a GPTQ checkpoint leaves the variables gptqmodel's import sets as they were (before: HF_HOME and
+# three more pointed at /tmp for every process started afterwards), and LoRA on it: all-linear finds
+# gptqmodel's layers and PEFT adapts them, every lora_B getting a gradient (before: PEFT found no linear
+# layer and `swift sft --tuner_type lora` ended in its traceback). Prints the variables set, up_proj's type
+# and the count.
 GPTQ_LORA = """
 import os, sys, torch
 from swift import SftArguments
 from swift.model import load_model
 from swift.tuners import prepare_model
+from swift.utils.imports import GPTQMODEL_SETS
 model = load_model(sys.argv[1])[0]
-caches = [k for k in %r if k in os.environ]
+caches = [k for k in GPTQMODEL_SETS if k in os.environ]
 model = prepare_model(model, SftArguments(model=sys.argv[1], dataset=["builtin:arith-sft#8"]).tuner_args)
 ids = torch.tensor([[1, 18, 13, 18, 31, 18, 2]])
 model(input_ids=ids, labels=ids).loss.backward()
 lora = [p for name, p in model.named_parameters() if "lora_B" in name and p.grad is not None and p.grad.abs().sum() > 0]
 print(caches, type(model.base_model.model.model.layers[0].mlp.up_proj).__name__, len(lora))
-""" % (HUB_CACHES,)
+"""
 
 
 @pytest.mark.parametrize("method,bits,layer,flags", [
@@ -412,10 +413,22 @@ def test_quantized_checkpoint_loads_in_swift_infer_and_deploy(reference, tmp_pat
     up_proj = loaded.model.layers[0].mlp.up_proj
     assert layer in [t.__name__ for t in type(up_proj).__mro__], type(up_proj).__mro__
     if method == "gptq":  # in a fresh process (one whose first gptqmodel import is this load)
+        from swift.utils.imports import GPTQMODEL_SETS
+
         check = subprocess.run([sys.executable, "-c", GPTQ_LORA, str(out)], capture_output=True, text=True,
-                               env={k: v for k, v in os.environ.items() if k not in HUB_CACHES})
+                               env={k: v for k, v in os.environ.items() if k not in GPTQMODEL_SETS})
         assert check.returncode == 0, check.stderr[-3000:]
         assert check.stdout.strip().splitlines()[-1] == "[] GPTQLoraLinear 28", check.stdout
+        # and a LoRA run of `swift sft` on it saves an adapter for all 28 quantized layers
+        proc = subprocess.run([*SWIFT, "sft", "--model", str(out), "--tuner_type", "lora", "--dataset",
+                               "builtin:arith-sft#8", "--max_steps", "1", "--per_device_train_batch_size", "4",
+                               "--save_strategy", "no", "--report_to", "none", "--add_version", "false",
+                               "--output_dir", str(tmp_path / "qlora")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        from safetensors import safe_open
+
+        with safe_open(str(tmp_path / "qlora" / "adapter_model.safetensors"), "pt") as f:
+            assert len([k for k in f.keys() if "lora_B" in k]) == 28
     n = 120
     result = tmp_path / "infer.jsonl"
     proc = subprocess.run([*SWIFT, "infer", "--model", str(out), "--val_dataset", f"builtin:arith-sft:eval#{n}",

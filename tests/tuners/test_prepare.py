@@ -94,28 +94,42 @@ def test_freezing_that_leaves_nothing_or_names_nothing_is_refused(kwargs, messag
         prepare_model(load_model("builtin:tiny-chat")[0], args)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gptqmodel") is None or importlib.util.find_spec("deepspeed") is None,
-                    reason="gptqmodel or deepspeed is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("gptqmodel") is None and importlib.util.find_spec("deepspeed") is None,
+                    reason="neither gptqmodel nor deepspeed is installed")
 def test_lora_training_imports_neither_gptqmodel_nor_deepspeed(tmp_path):
-    """A LoRA `swift sft` and loading its adapter, in a fresh process with both installed (before: PEFT
+    """A LoRA `swift sft` and loading its adapter, in a fresh process with them installed (before: PEFT
     imported gptqmodel for every LoRA: ~2 s, its banner, and HF_HOME, HF_HUB_CACHE, TRANSFORMERS_CACHE and
     HF_MODULES_CACHE set to /tmp for every process started later; accelerate imported deepspeed when the
-    trainer unwrapped its model: ~2 s and a warning. A GPTQ checkpoint still gets PEFT's GPTQ layers:
-    tests/export/test_export.py; --deepspeed still runs: tests/pipelines/test_sharding.py)"""
+    trainer unwrapped its model: ~2 s and a warning). Then `swift export --quant_method gptq`'s import of
+    gptqmodel leaves those variables unset. A GPTQ checkpoint still gets PEFT's GPTQ layers:
+    tests/export/test_export.py; --deepspeed still runs: tests/pipelines/test_sharding.py."""
     import subprocess
     import sys
 
-    caches = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE")
+    from swift.utils.imports import GPTQMODEL_SETS
+
     script = ("import os, sys\n"
               "from swift import sft_main\n"
               "from swift.model import load_model\n"
               "from swift.tuners import PeftModel\n"
               "sft_main(sys.argv[1:])\n"
               "PeftModel.from_pretrained(load_model('builtin:tiny-chat')[0], %r)\n"
-              "print(sorted(m for m in ('gptqmodel', 'deepspeed') if m in sys.modules), "
-              "[k for k in %r if k in os.environ])\n" % (str(tmp_path), caches))
+              "names = %r\n"
+              "print('TRAINED', sorted(m for m in ('gptqmodel', 'deepspeed') if m in sys.modules), "
+              "[k for k in names if k in os.environ])\n"
+              "print('EXPORT', file=sys.stderr, flush=True)\n"
+              "from swift.export.gptq import check_installed\n"
+              "check_installed()\n"
+              "print('EXPORTED', 'gptqmodel' in sys.modules, [k for k in names if k in os.environ])\n"
+              % (str(tmp_path), GPTQMODEL_SETS))
     proc = subprocess.run([sys.executable, "-c", script, *train_argv(tmp_path, "--max_steps", "1", "--tuner_type", "lora")],
-                          capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k not in caches})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[] []", proc.stdout
-    assert "GPT-QModel" not in proc.stderr and "Setting accelerator to CPU" not in proc.stderr
+                          capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k not in GPTQMODEL_SETS})
+    printed = [line for line in proc.stdout.splitlines() if line.startswith(("TRAINED", "EXPORTED"))]
+    if importlib.util.find_spec("gptqmodel") is not None:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert printed == ["TRAINED [] []", "EXPORTED True []"], proc.stdout
+    else:  # check_installed's one line ends it
+        assert printed == ["TRAINED [] []"], (proc.stdout, proc.stderr[-3000:])
+    training = proc.stderr.split("EXPORT")[0]
+    assert "GPT-QModel" not in training and "Setting accelerator to CPU" not in training
