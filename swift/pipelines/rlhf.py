@@ -306,9 +306,8 @@ class RLHFPipeline(TrainPipeline):
         return extra
 
     def _reference_with_adapters(self):
-        from swift.tuners import PeftModel
-
         from swift.model.loader import whole_weights
+        from swift.tuners import PeftModel
 
         a = self.args
         with whole_weights():  # merged whole (the trainer partitions it under ZeRO-3)
@@ -353,10 +352,8 @@ class RLHFPipeline(TrainPipeline):
         """The critic `--critic_backbone` names: `separate`, a one-label token-classification head on
         --critic_model (default: the policy's starting weights, its --adapters merged in), tuned as
         --tuner_type; or `shared`, a value head on the policy's last hidden state."""
-        from swift.tuners import PeftModel
-
         from swift.trainers.critic import SeparateCritic, SharedCritic
-        from swift.tuners import prepare_model
+        from swift.tuners import PeftModel, prepare_model
 
         a = self.args
         device = a.training_args.device
